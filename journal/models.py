@@ -1,0 +1,99 @@
+"""Runs and their append-only event journals (DESIGN §2).
+
+Only `journal.store` writes `Event` rows and the journal fields of `Run`.
+"""
+
+from django.conf import settings
+from django.db import models
+from ulid import ULID
+
+
+def new_run_id() -> str:
+    return f"run_{ULID()}"
+
+
+class Run(models.Model):
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETED = "completed"
+        FAILED = "failed"
+        CANCELLED = "cancelled"
+        INTERRUPTED = "interrupted"
+
+    ACTIVE = (Status.QUEUED, Status.RUNNING)
+
+    id = models.CharField(primary_key=True, max_length=40, default=new_run_id)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs"
+    )
+    # By string reference: the journal knows nothing of chat beyond this name.
+    session = models.ForeignKey(
+        "chat.ChatSession",
+        on_delete=models.CASCADE,
+        related_name="runs",
+        null=True,
+        blank=True,
+    )
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True
+    )
+    terminal_state = models.CharField(max_length=40, blank=True, db_index=True)
+    last_seq = models.PositiveIntegerField(default=0)
+    lease_owner = models.CharField(max_length=120, blank=True)
+    lease_expires_at = models.DateTimeField(null=True, blank=True)
+    # Grows on every claim; every append names the token it holds.
+    fencing_token = models.PositiveBigIntegerField(default=0)
+    cancel_requested_at = models.DateTimeField(null=True, blank=True)
+    model = models.CharField(max_length=200, blank=True)
+    provider = models.CharField(max_length=80, blank=True, db_index=True)
+    # The run's input, for the worker: {"content": ...}; never secrets.
+    request = models.JSONField(default=dict, blank=True)
+    usage = models.JSONField(default=dict, blank=True)
+    diagnostics = models.JSONField(default=dict, blank=True)
+    error_category = models.CharField(max_length=32, blank=True)
+    error_message = models.TextField(blank=True)
+    idempotency_key = models.CharField(max_length=200, blank=True)
+    pruned_at = models.DateTimeField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+    started_at = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["status", "created_at"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "idempotency_key"],
+                condition=~models.Q(idempotency_key=""),
+                name="run_unique_idempotency_key",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.id
+
+    @property
+    def is_terminal(self) -> bool:
+        return self.status not in self.ACTIVE
+
+
+class Event(models.Model):
+    """One journaled event. `payload` is JSON text, written to the wire as is."""
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    seq = models.PositiveIntegerField()
+    type = models.CharField(max_length=24)
+    payload = models.TextField()
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["run", "seq"]
+        constraints = [
+            models.UniqueConstraint(fields=["run", "seq"], name="event_unique_run_seq"),
+            models.CheckConstraint(condition=models.Q(seq__gte=1), name="event_seq_gte_1"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.run_id}:{self.seq}"
