@@ -93,6 +93,10 @@ class Event(models.Model):
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="event_unique_run_seq"),
             models.CheckConstraint(condition=models.Q(seq__gte=1), name="event_seq_gte_1"),
+            # Exactly one terminal event per run, whoever writes it.
+            models.UniqueConstraint(
+                fields=["run"], condition=models.Q(type="end"), name="event_one_end_per_run"
+            ),
         ]
 
     def __str__(self) -> str:

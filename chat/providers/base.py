@@ -1,0 +1,137 @@
+"""What every model provider yields and raises (DESIGN §6).
+
+A provider's ``stream()`` is an async generator of the small items below. The
+caller must close it (``contextlib.aclosing``) when it stops early; closing, or
+cancelling the task that iterates it, closes the HTTP response at once.
+Errors are one type, :class:`ProviderError`, whose ``category`` is one of the
+seven the journal records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Final, Protocol, runtime_checkable
+
+NETWORK: Final = "network"
+TIMEOUT: Final = "timeout"
+RATE_LIMIT: Final = "rate_limit"
+PROVIDER: Final = "provider"
+AUTH: Final = "auth"
+INVALID_REQUEST: Final = "invalid_request"
+CANCELLED: Final = "cancelled"
+CATEGORIES: Final = frozenset(
+    {NETWORK, TIMEOUT, RATE_LIMIT, PROVIDER, AUTH, INVALID_REQUEST, CANCELLED}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ContentDelta:
+    """Visible assistant text."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ReasoningDelta:
+    """Reasoning text (``reasoning_content`` or ``reasoning`` on the wire)."""
+
+    text: str
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """A fragment of streamed tool call ``index``; id and name usually come first."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """The model said why it stopped (``stop``, ``length``, ``tool_calls`` …)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    """A usage report exactly as the provider sent it (never estimated)."""
+
+    data: dict[str, Any]
+
+
+StreamItem = ContentDelta | ReasoningDelta | ToolCallDelta | Finish | Usage
+
+
+class ProviderError(Exception):
+    """A model request failed.
+
+    ``retryable`` says whether trying again later may help (shown to users);
+    ``during_stream`` is true when the failure struck after response headers,
+    which is what the turn engine resumes or reopens (DESIGN §6 rules 2–3):
+    failures before headers were already retried by the provider (rule 1).
+    ``reason`` is a short label for status messages (``body cut``).
+    """
+
+    def __init__(
+        self,
+        category: str,
+        message: str,
+        *,
+        retryable: bool = False,
+        status_code: int | None = None,
+        during_stream: bool = False,
+        reason: str | None = None,
+    ) -> None:
+        if category not in CATEGORIES:
+            raise ValueError(f"unknown error category {category!r}")
+        super().__init__(message)
+        self.category = category
+        self.message = message
+        self.retryable = retryable
+        self.status_code = status_code
+        self.during_stream = during_stream
+        self.reason = reason or message
+
+    def __repr__(self) -> str:
+        return f"ProviderError({self.category!r}, {self.message!r})"
+
+
+@dataclass(slots=True)
+class RequestStats:
+    """Per-caller counters, so concurrent turns on one provider stay apart."""
+
+    requests_started: int = 0
+    http_retries: int = 0
+
+
+@runtime_checkable
+class Provider(Protocol):
+    """The interface the turn engine and the worker rely on."""
+
+    name: str
+    active_requests: int
+    requests_started: int
+    http_retries: int
+
+    def stream(
+        self,
+        model: str,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        *,
+        stats: RequestStats | None = None,
+    ) -> AsyncIterator[StreamItem]:
+        """Yield the items of one completion; see the module docstring."""
+        ...
+
+    async def list_models(self) -> list[str]:
+        """Model ids this provider serves."""
+        ...
+
+    async def aclose(self) -> None:
+        """Release pooled connections."""
+        ...

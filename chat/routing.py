@@ -1,0 +1,7 @@
+from django.urls import path
+
+from .consumers import RunEventsConsumer
+
+websocket_urlpatterns = [
+    path("ws/runs/<str:run_id>/", RunEventsConsumer.as_asgi()),
+]

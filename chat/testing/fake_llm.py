@@ -1,0 +1,636 @@
+"""A real loopback OpenAI-compatible HTTP server with fault injection (DESIGN §8).
+
+Tests, demos and benchmarks talk to this server over real sockets instead of
+mocking the HTTP client. It is written on raw asyncio streams with a minimal
+HTTP/1.1 so that every fault is exact: a body cut short of its declared
+``Content-Length``, a stall that keeps the socket open, a malformed SSE chunk,
+429 with ``Retry-After``, 5xx, tool calls, reasoning, with or without usage.
+
+Replies are scripted with :meth:`FakeLLM.push`; every POST is recorded with the
+server-side times of its last byte, its stall and the close of its connection,
+so tests measure behaviour on the server's clock instead of sleeping.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import secrets
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger(__name__)
+
+MAX_HEADER_BYTES = 64 * 1024  # more than any client of ours sends; bounds a bad peer
+MAX_BODY_BYTES = 32 * 2**20  # long conversations, not unbounded ones
+MALFORMED_FRAME = b"data: {not json\n\n"
+
+
+def _default_usage() -> dict[str, int]:
+    return {"prompt_tokens": 12, "completion_tokens": 34, "total_tokens": 46}
+
+
+@dataclass
+class Reply:
+    """One scripted answer to one POST /v1/chat/completions.
+
+    Fault fields count *visible characters*: reasoning, then content, then tool
+    call argument text, in the order they are streamed. ``cut_after_chars=0``
+    therefore dies before anything visible (only the role frame is sent).
+    At most one of ``cut_after_chars``, ``stall_after_chars`` and
+    ``malformed_after_chars`` is meant to be set. Faults apply to streaming
+    requests only.
+    """
+
+    text: str = ""
+    reasoning: str = ""
+    #: ``{"name": str, "arguments": str | dict, "id": str (optional)}`` each.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    #: Sent as the final ``choices: []`` frame if the request asked for it.
+    usage: dict[str, Any] | None = field(default_factory=_default_usage)
+    chunk_chars: int = 4
+    #: Pace in chunks per second (a chunk stands for a token); None = no pause.
+    tokens_per_s: float | None = None
+    status: int = 200
+    retry_after: float | None = None
+    error_body: dict[str, Any] | None = None
+    #: Declare the full Content-Length, send this many chars, then close.
+    cut_after_chars: int | None = None
+    #: Send this many chars, then nothing, until the client closes.
+    stall_after_chars: int | None = None
+    #: Send this many chars, then ``data: {not json``, then close.
+    malformed_after_chars: int | None = None
+    finish_reason: str | None = None  # None: "tool_calls" if tool calls, else "stop"
+
+
+@dataclass
+class RecordedRequest:
+    """A POST the server received; times are ``time.monotonic()`` seconds."""
+
+    index: int
+    path: str
+    headers: dict[str, str]  # lower-cased names
+    body: dict[str, Any]
+    received_at: float
+    status: int | None = None
+    last_byte_at: float | None = None
+    stall_at: float | None = None
+    #: When the connection that carried this request ended (either side).
+    closed_at: float | None = None
+    closed_by: str | None = None  # "client" or "server"
+
+    @property
+    def messages(self) -> list[dict[str, Any]]:
+        return self.body.get("messages", [])
+
+
+@dataclass
+class _Piece:
+    """One SSE frame before rendering; ``text`` is its visible part."""
+
+    make: Callable[[str], dict[str, Any]]
+    text: str = ""
+    terminal: bool = False  # finish / usage frames: a fault strikes before them
+
+
+class FakeLLM:
+    """Loopback OpenAI-compatible server. Thread-safe; a context manager.
+
+    ``start()`` serves on 127.0.0.1 on a free port from a background thread
+    with its own event loop; ``serve_forever()`` serves in the caller's loop.
+    """
+
+    def __init__(
+        self,
+        *,
+        models: Sequence[str] = ("fake-model",),
+        api_key: str | None = None,
+        default: Reply | None = None,
+    ) -> None:
+        self.models = list(models)
+        self.api_key = api_key
+        self._cond = threading.Condition()
+        self._queue: deque[Reply] = deque()
+        self._default = default or Reply(text="Hello from the fake model.")
+        self._records: list[RecordedRequest] = []
+        self._port: int | None = None
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._main: asyncio.Task[None] | None = None
+        self._conns: set[asyncio.Task[Any]] = set()
+
+    # --- scripting and records (any thread) --------------------------------
+    @property
+    def default(self) -> Reply:
+        with self._cond:
+            return self._default
+
+    @default.setter
+    def default(self, reply: Reply) -> None:
+        with self._cond:
+            self._default = reply
+
+    def push(self, *replies: Reply) -> None:
+        """Queue replies, consumed one per chat-completions POST."""
+        with self._cond:
+            self._queue.extend(replies)
+
+    def reset(self) -> None:
+        """Forget queued replies and recorded requests."""
+        with self._cond:
+            self._queue.clear()
+            self._records.clear()
+
+    @property
+    def requests(self) -> list[RecordedRequest]:
+        """Every POST received, in order (a snapshot list of live records)."""
+        with self._cond:
+            return list(self._records)
+
+    @property
+    def post_count(self) -> int:
+        with self._cond:
+            return len(self._records)
+
+    def wait_requests(self, count: int, timeout: float = 5.0) -> None:
+        """Block until at least ``count`` POSTs arrived, else ``TimeoutError``."""
+        with self._cond:
+            if not self._cond.wait_for(lambda: len(self._records) >= count, timeout):
+                raise TimeoutError(f"{len(self._records)} of {count} POSTs arrived")
+
+    def wait_stalled(self, index: int, timeout: float = 5.0) -> None:
+        """Block until request ``index`` has entered its stall."""
+        self._wait(index, lambda r: r.stall_at is not None, timeout, "stall")
+
+    def wait_closed(self, index: int, timeout: float = 5.0) -> float:
+        """Block until the connection of request ``index`` ended.
+
+        Returns the seconds from its stall start (or else its last byte sent)
+        to the close; raises ``TimeoutError`` if that does not happen in time.
+        """
+        rec = self._wait(index, lambda r: r.closed_at is not None, timeout, "close")
+        start = rec.stall_at or rec.last_byte_at or rec.received_at
+        assert rec.closed_at is not None
+        return rec.closed_at - start
+
+    def _wait(
+        self,
+        index: int,
+        pred: Callable[[RecordedRequest], bool],
+        timeout: float,
+        what: str,
+    ) -> RecordedRequest:
+        def ready() -> bool:
+            return len(self._records) > index and pred(self._records[index])
+
+        with self._cond:
+            if not self._cond.wait_for(ready, timeout):
+                raise TimeoutError(f"request {index}: no {what} within {timeout} s")
+            return self._records[index]
+
+    def _update(self, rec: RecordedRequest, **changes: Any) -> None:
+        with self._cond:
+            for name, value in changes.items():
+                setattr(rec, name, value)
+            self._cond.notify_all()
+
+    # --- lifecycle -----------------------------------------------------------
+    @property
+    def port(self) -> int:
+        if self._port is None:
+            raise RuntimeError("FakeLLM is not serving")
+        return self._port
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+    def start(self) -> FakeLLM:
+        """Serve from a background thread; returns once the port is bound."""
+        ready = threading.Event()
+        failure: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                asyncio.run(self._serve_in_thread(ready))
+            except BaseException as exc:  # reported to start(), not lost in a thread
+                failure.append(exc)
+                ready.set()
+
+        self._thread = threading.Thread(target=run, name="fake-llm", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failure:
+            raise failure[0]
+        return self
+
+    def stop(self) -> None:
+        """Close every connection and the server, and join the thread."""
+        if self._loop is not None and self._main is not None:
+            self._loop.call_soon_threadsafe(self._main.cancel)
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+        self._thread = self._loop = self._main = None
+
+    def __enter__(self) -> FakeLLM:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    async def _serve_in_thread(self, ready: threading.Event) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._main = asyncio.current_task()
+        with contextlib.suppress(asyncio.CancelledError):  # stop() cancels us
+            await self.serve_forever("127.0.0.1", 0, on_ready=lambda _u: ready.set())
+
+    async def serve_forever(
+        self,
+        host: str = "127.0.0.1",
+        port: int = 8001,
+        *,
+        on_ready: Callable[[str], None] | None = None,
+    ) -> None:
+        """Serve in the running loop until cancelled; ``on_ready(base_url)``."""
+        server = await asyncio.start_server(self._handle_connection, host, port)
+        self._port = server.sockets[0].getsockname()[1]
+        url = f"http://{host}:{self._port}/v1"
+        logger.info("fake LLM serving at %s", url)
+        if on_ready is not None:
+            on_ready(url)
+        try:
+            async with server:
+                await server.serve_forever()
+        finally:
+            # server.close() leaves open connections alone (a stall would hang).
+            for task in list(self._conns):
+                task.cancel()
+            await asyncio.gather(*self._conns, return_exceptions=True)
+
+    # --- HTTP ----------------------------------------------------------------
+    async def _handle_connection(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+    ) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._conns.add(task)
+        served: list[RecordedRequest] = []
+        closed_by = "server"
+        try:
+            while True:
+                request = await _read_request(reader)
+                if request is None:
+                    closed_by = "client"
+                    break
+                keep_alive, client_closed = await self._dispatch(
+                    request, reader, writer, served
+                )
+                if client_closed:
+                    closed_by = "client"
+                if not keep_alive:
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError, ValueError):
+            closed_by = "client"
+        finally:
+            self._conns.discard(task)
+            now = time.monotonic()
+            for rec in served:
+                if rec.closed_at is None:
+                    self._update(rec, closed_at=now, closed_by=closed_by)
+            writer.close()
+            with contextlib.suppress(Exception):
+                await writer.wait_closed()
+
+    async def _dispatch(
+        self,
+        request: tuple[str, str, dict[str, str], bytes],
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        served: list[RecordedRequest],
+    ) -> tuple[bool, bool]:
+        """Answer one request; returns (keep the connection, client closed it)."""
+        method, path, headers, raw = request
+        authorised = not self.api_key or (
+            headers.get("authorization") == f"Bearer {self.api_key}"
+        )
+        if method == "POST" and path.rstrip("/") == "/v1/chat/completions":
+            try:
+                body = json.loads(raw or b"{}")
+            except ValueError:
+                body = {"_unparsed": raw.decode("utf-8", "replace")}
+            with self._cond:
+                rec = RecordedRequest(
+                    len(self._records), path, headers, body, time.monotonic()
+                )
+                self._records.append(rec)
+                self._cond.notify_all()
+                reply = None
+                if authorised and "_unparsed" not in body:
+                    reply = self._queue.popleft() if self._queue else self._default
+            served.append(rec)
+            if not authorised:
+                await self._send_error(writer, rec, 401, "invalid api key", "auth")
+                return True, False
+            if reply is None:
+                await self._send_error(writer, rec, 400, "body is not JSON", "bad")
+                return True, False
+            if reply.status != 200:
+                await self._send_scripted_error(writer, rec, reply)
+                return True, False
+            if not body.get("stream"):
+                await self._send_json(writer, 200, _completion(reply, body), rec)
+                return True, False
+            client_closed = await _StreamWriter(self, rec, reply, reader, writer).run()
+            return False, client_closed
+        if path.rstrip("/") == "/v1/models":
+            if method != "GET":
+                await self._send_json(writer, 405, _error("use GET", "bad_method"))
+            elif not authorised:
+                await self._send_json(writer, 401, _error("invalid api key", "auth"))
+            else:
+                models = [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                    for m in self.models
+                ]
+                await self._send_json(writer, 200, {"object": "list", "data": models})
+            return True, False
+        await self._send_json(writer, 404, _error(f"no route {path}", "not_found"))
+        return True, False
+
+    async def _send_scripted_error(
+        self, writer: asyncio.StreamWriter, rec: RecordedRequest, reply: Reply
+    ) -> None:
+        body = reply.error_body or _error(f"fake error {reply.status}", reply.status)
+        extra = {}
+        if reply.retry_after is not None:
+            extra["Retry-After"] = f"{reply.retry_after:g}"
+        await self._send_json(writer, reply.status, body, rec, extra)
+
+    async def _send_error(
+        self,
+        writer: asyncio.StreamWriter,
+        rec: RecordedRequest,
+        status: int,
+        message: str,
+        code: str,
+    ) -> None:
+        await self._send_json(writer, status, _error(message, code), rec)
+
+    async def _send_json(
+        self,
+        writer: asyncio.StreamWriter,
+        status: int,
+        payload: dict[str, Any],
+        rec: RecordedRequest | None = None,
+        extra: dict[str, str] | None = None,
+    ) -> None:
+        data = json.dumps(payload).encode()
+        headers = {"Content-Type": "application/json", "Content-Length": str(len(data))}
+        writer.write(_head(status, {**headers, **(extra or {})}) + data)
+        await writer.drain()
+        if rec is not None:
+            self._update(rec, status=status, last_byte_at=time.monotonic())
+
+
+class _StreamWriter:
+    """Streams one scripted reply as SSE, injecting its fault, watching for EOF."""
+
+    def __init__(
+        self,
+        fake: FakeLLM,
+        rec: RecordedRequest,
+        reply: Reply,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> None:
+        self.fake, self.rec, self.reply = fake, rec, reply
+        self.reader, self.writer = reader, writer
+        self.peer_closed = asyncio.Event()
+
+    async def run(self) -> bool:
+        """Send the reply; returns whether the client closed the connection."""
+        reply = self.reply
+        options = self.rec.body.get("stream_options") or {}
+        pieces = _pieces(reply, self.rec.body, bool(options.get("include_usage")))
+        full = b"".join(_frame(p.make(p.text)) for p in pieces) + b"data: [DONE]\n\n"
+        limits = [
+            x
+            for x in (
+                reply.cut_after_chars,
+                reply.stall_after_chars,
+                reply.malformed_after_chars,
+            )
+            if x is not None
+        ]
+        frames = _cut(pieces, limits[0]) if limits else [*map(_render, pieces)]
+        if not limits:
+            frames.append(b"data: [DONE]\n\n")
+        length = len(full)
+        if reply.malformed_after_chars is not None:
+            frames.append(MALFORMED_FRAME)
+            length = sum(map(len, frames))  # the HTTP body itself is complete
+        headers = {
+            "Content-Type": "text/event-stream",
+            "Cache-Control": "no-cache",
+            "Content-Length": str(length),
+            "Connection": "close",
+        }
+        watcher = asyncio.create_task(self._watch_eof())
+        try:
+            await self._send(_head(200, headers), frames)
+            self.fake._update(self.rec, status=200, last_byte_at=time.monotonic())
+            if reply.stall_after_chars is not None and not self.peer_closed.is_set():
+                self.fake._update(self.rec, stall_at=time.monotonic())
+                await self.peer_closed.wait()
+        except ConnectionError:
+            self.peer_closed.set()
+        finally:
+            watcher.cancel()
+        if self.peer_closed.is_set():
+            self.fake._update(self.rec, closed_at=time.monotonic(), closed_by="client")
+        return self.peer_closed.is_set()
+
+    async def _send(self, head: bytes, frames: list[bytes]) -> None:
+        self.writer.write(head)
+        interval = 1 / self.reply.tokens_per_s if self.reply.tokens_per_s else 0.0
+        next_at = time.monotonic()
+        for frame in frames:
+            if interval and frame.startswith(b"data: {"):
+                next_at += interval
+                delay = next_at - time.monotonic()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self.peer_closed.wait(), delay)
+            if self.peer_closed.is_set():
+                return
+            self.writer.write(frame)
+            await self.writer.drain()
+
+    async def _watch_eof(self) -> None:
+        # HTTP/1.1 clients send nothing while a response is streaming, so the
+        # only thing a read can return here is EOF: the client closed.
+        with contextlib.suppress(ConnectionError):
+            while await self.reader.read(4096):
+                pass
+        self.peer_closed.set()
+
+
+def _pieces(reply: Reply, body: dict[str, Any], with_usage: bool) -> list[_Piece]:
+    """The reply as ordered frames: role, reasoning, content, tools, finish, usage."""
+    created = int(time.time())
+    chunk_id = f"chatcmpl-fake-{secrets.token_hex(6)}"
+    model = body.get("model", "fake-model")
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        if with_usage:
+            data["usage"] = None  # what OpenAI sends on every non-final chunk
+        return data
+
+    n = max(1, reply.chunk_chars)
+    pieces = [_Piece(lambda _t: chunk({"role": "assistant", "content": ""}))]
+    for key, text in (("reasoning_content", reply.reasoning), ("content", reply.text)):
+        for i in range(0, len(text), n):
+            pieces.append(_Piece(lambda t, k=key: chunk({k: t}), text[i : i + n]))
+    for idx, call in enumerate(_normalise_tool_calls(reply.tool_calls)):
+        head = {"index": idx, "id": call["id"], "type": "function"}
+        head["function"] = {"name": call["name"], "arguments": ""}
+        pieces.append(_Piece(lambda _t, h=head: chunk({"tool_calls": [h]})))
+        args = call["arguments"]
+        for i in range(0, len(args), n):
+            pieces.append(
+                _Piece(
+                    lambda t, i=idx: chunk(
+                        {"tool_calls": [{"index": i, "function": {"arguments": t}}]}
+                    ),
+                    args[i : i + n],
+                )
+            )
+    finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+    pieces.append(_Piece(lambda _t: chunk({}, finish), terminal=True))
+    if with_usage and reply.usage is not None:
+        usage_frame = {**chunk({}), "choices": [], "usage": reply.usage}
+        pieces.append(_Piece(lambda _t: usage_frame, terminal=True))
+    return pieces
+
+
+def _cut(pieces: list[_Piece], limit: int) -> list[bytes]:
+    """Render frames until ``limit`` visible chars were sent (split to land exactly)."""
+    frames, sent = [], 0
+    for piece in pieces:
+        if piece.terminal:
+            break  # a faulty stream never reports how it finished
+        if piece.text:
+            if sent >= limit:
+                break
+            if sent + len(piece.text) > limit:
+                frames.append(_frame(piece.make(piece.text[: limit - sent])))
+                break
+            sent += len(piece.text)
+        frames.append(_render(piece))
+    return frames
+
+
+def _render(piece: _Piece) -> bytes:
+    return _frame(piece.make(piece.text))
+
+
+def _frame(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def _normalise_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, str]]:
+    out = []
+    for i, call in enumerate(calls):
+        fn = call.get("function", call)  # accept the OpenAI shape too
+        args = fn.get("arguments", "")
+        out.append(
+            {
+                "id": call.get("id") or f"call_fake_{i}",
+                "name": fn["name"],
+                "arguments": args if isinstance(args, str) else json.dumps(args),
+            }
+        )
+    return out
+
+
+def _completion(reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+    """A non-streaming chat.completion for ``stream: false`` (no faults)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.reasoning:
+        message["reasoning_content"] = reply.reasoning
+    calls = _normalise_tool_calls(reply.tool_calls)
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in calls
+        ]
+    finish = reply.finish_reason or ("tool_calls" if calls else "stop")
+    data: dict[str, Any] = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "fake-model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+    if reply.usage is not None:
+        data["usage"] = reply.usage
+    return data
+
+
+def _error(message: str, code: str | int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "fake_error", "code": code}}
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"}
+_REASONS |= {405: "Method Not Allowed", 429: "Too Many Requests", 500: "Server Error"}
+
+
+def _head(status: int, headers: dict[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def _read_request(
+    reader: asyncio.StreamReader,
+) -> tuple[str, str, dict[str, str], bytes] | None:
+    """Read one request; ``None`` on a clean EOF between requests."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise
+    except asyncio.LimitOverrunError as exc:
+        raise ValueError("request head too large") from exc
+    if len(head) > MAX_HEADER_BYTES:
+        raise ValueError("request head too large")
+    request_line, *header_lines = head.decode("latin-1").split("\r\n")
+    method, target, _version = request_line.split(" ", 2)
+    headers = {}
+    for line in header_lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    if length > MAX_BODY_BYTES:
+        raise ValueError("request body too large")
+    body = await reader.readexactly(length) if length else b""
+    return method, target.split("?", 1)[0], headers, body

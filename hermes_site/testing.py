@@ -1,0 +1,149 @@
+"""Test tools for the whole site: a real ASGI server on a real socket, and readers.
+
+`AsgiServer` runs uvicorn in a thread of its own, with its own event loop, on a
+free loopback port. Code that must run beside the server's readers (the
+in-memory channel layer lives in that loop) is handed to `call()`.
+"""
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from datetime import timedelta
+
+import httpx
+import uvicorn
+import websockets
+from django.utils import timezone
+from httpx_sse import EventSource
+from rest_framework.authtoken.models import Token
+
+from journal.models import Run
+
+
+class AsgiServer:
+    def __init__(self, app):
+        self.app = app
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self._server: uvicorn.Server | None = None
+        self._thread: threading.Thread | None = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def ws_url(self) -> str:
+        return f"ws://127.0.0.1:{self.port}"
+
+    def start(self) -> "AsgiServer":
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(("127.0.0.1", 0))
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(self.app, lifespan="off", log_level="warning", ws="auto")
+        self._server = uvicorn.Server(config)
+        started = threading.Event()
+
+        def serve() -> None:
+            self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self.loop)
+            self.loop.call_soon(started.set)
+            self.loop.run_until_complete(self._server.serve(sockets=[sock]))
+
+        self._thread = threading.Thread(target=serve, name="asgi-server", daemon=True)
+        self._thread.start()
+        started.wait(10)
+        while not self._server.started:
+            self.call(asyncio.sleep(0.01))
+        return self
+
+    def call(self, coro, timeout: float = 30):
+        """Run `coro` on the server's event loop and return its result."""
+        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(10)
+
+
+@dataclass
+class SSEResult:
+    status: int
+    events: list  # (id, event, data-dict) in order
+    retry: int | None = None
+    comments: int = 0
+
+
+def read_sse(
+    url: str,
+    *,
+    headers: dict | None = None,
+    max_events: int | None = None,
+    timeout: float = 20,
+) -> SSEResult:
+    """Read a run's SSE stream over a real socket until it closes (or max_events)."""
+    events = []
+    retry = None
+    with httpx.Client(timeout=timeout) as client:
+        with client.stream("GET", url, headers=headers or {}) as response:
+            if response.status_code != 200:
+                response.read()
+                return SSEResult(response.status_code, [])
+            for sse in EventSource(response).iter_sse():
+                if sse.retry is not None and retry is None:
+                    retry = sse.retry
+                if not sse.data:
+                    continue
+                events.append((sse.id, sse.event, json.loads(sse.data)))
+                if max_events is not None and len(events) >= max_events:
+                    break
+    return SSEResult(200, events, retry)
+
+
+async def read_ws(url: str, *, headers: dict | None = None, origin: str | None = None,
+                  max_events: int | None = None, timeout: float = 20):
+    """Read a run's WebSocket frames until the server closes (or max_events)."""
+    frames = []
+    async with websockets.connect(
+        url, additional_headers=headers or {}, origin=origin, open_timeout=timeout
+    ) as ws:
+        while max_events is None or len(frames) < max_events:
+            try:
+                raw = await asyncio.wait_for(ws.recv(), timeout)
+            except websockets.ConnectionClosed as closed:
+                return frames, closed.rcvd.code if closed.rcvd else None
+            frames.append(json.loads(raw))
+    return frames, None
+
+
+def make_user(django_user_model, name: str):
+    user = django_user_model.objects.create_user(username=name, password="pw-" + name * 3)
+    return user, {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+
+
+def running_run(owner, *, lease_s: float = 60, session=None) -> Run:
+    """A run as a worker holds it right after claiming: running, token 1."""
+    return Run.objects.create(
+        owner=owner,
+        session=session,
+        status=Run.Status.RUNNING,
+        fencing_token=1,
+        lease_owner="test-writer",
+        lease_expires_at=timezone.now() + timedelta(seconds=lease_s),
+        started_at=timezone.now(),
+    )
+
+
+def wait_until(predicate, timeout: float = 10, interval: float = 0.02):
+    """Wait for a condition another thread or process brings about."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(interval)

@@ -1,0 +1,56 @@
+"""Publishing committed events to the channel layer: the doorbell (DESIGN §4, §5.6).
+
+Only records that are already committed are published. A failed publish is
+logged and forgotten: readers find the events in the journal anyway.
+"""
+
+import logging
+
+from asgiref.sync import async_to_sync
+from channels.layers import get_channel_layer
+from django.db import transaction
+
+from . import dbpool
+from .store import Record, append
+
+log = logging.getLogger(__name__)
+
+
+def group_name(run_id: str) -> str:
+    return f"run.{run_id}"
+
+
+def message_for(run_id: str, records: list[Record]) -> dict:
+    return {
+        "type": "journal.events",
+        "run": run_id,
+        "events": [[r.seq, r.type, r.payload] for r in records],
+    }
+
+
+async def publish(run_id: str, records: list[Record]) -> None:
+    if not records:
+        return
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(group_name(run_id), message_for(run_id, records))
+    except Exception:  # the journal decides; a lost doorbell only slows readers
+        log.warning("publish failed run_id=%s", run_id, exc_info=True)
+
+
+def publish_on_commit(run_id: str, records: list[Record]) -> None:
+    """From sync code: publish once the surrounding transaction has committed."""
+    transaction.on_commit(lambda: async_to_sync(publish)(run_id, records))
+
+
+async def append_and_publish(
+    *, run_id: str, token: int, events: list[tuple[str, dict]], run_fields: dict | None = None
+) -> list[Record]:
+    """Append through the writer pool, then publish what was committed."""
+    records = await dbpool.writers.run(
+        append, run_id=run_id, token=token, events=events, run_fields=run_fields
+    )
+    await publish(run_id, records)
+    return records

@@ -1,0 +1,210 @@
+"""The only writer of the journal: append, read after a cursor, summarise (DESIGN §4).
+
+Appends are synchronous and transactional. The fencing token is checked in the
+same UPDATE that takes the sequence numbers, so a writer whose lease was taken
+over writes nothing. An `end` flips the run to its terminal status in that same
+statement, so there is exactly one `end` per run whoever writes it. Publishing to
+the channel layer happens after commit (`journal.publish`), never here.
+"""
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection, transaction
+from django.db.models import F
+from django.utils import timezone
+
+from .events import TERMINAL, validate
+from .models import Event, Run
+
+READ_PAGE = 2000  # rows per journal query: bounded memory for any run length
+
+
+class AppendRejected(Exception):
+    """The writer may not append: its fencing token is stale or the run has ended."""
+
+    def __init__(self, run_id: str, reason: str):
+        super().__init__(f"{run_id}: {reason}")
+        self.run_id = run_id
+        self.reason = reason
+
+
+class RunNotFound(Exception):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One journaled event as readers see it; `payload` is JSON text."""
+
+    seq: int
+    type: str
+    payload: str
+
+
+def encode(payload: dict) -> str:
+    return json.dumps(payload, separators=(",", ":"), ensure_ascii=False)
+
+
+def append(
+    *,
+    run_id: str,
+    token: int,
+    events: list[tuple[str, dict]],
+    run_fields: dict | None = None,
+) -> list[Record]:
+    """Append `events` to the run in one transaction and return their records.
+
+    `token` must be the run's current fencing token and the run must be active,
+    else `AppendRejected` and nothing is written. An `end` may only be the last
+    event; it settles the run (status, terminal_state, ended_at, error).
+    `run_fields` (usage, diagnostics, …) are saved in the same statement.
+    """
+    if not events:
+        return []
+    for i, (event_type, payload) in enumerate(events):
+        validate(event_type, payload)
+        if event_type == TERMINAL and i != len(events) - 1:
+            raise ValueError("end must be the last event of a run")
+    updates: dict = {"last_seq": F("last_seq") + len(events), **(run_fields or {})}
+    end_type, end_payload = events[-1]
+    now = timezone.now()
+    if end_type == TERMINAL:
+        error = end_payload.get("error") or {}
+        updates.update(
+            status=end_payload["status"],
+            terminal_state=end_payload["terminal_state"],
+            ended_at=now,
+            lease_expires_at=None,
+            error_category=error.get("category", ""),
+            error_message=error.get("message", ""),
+        )
+    with transaction.atomic():
+        taken = Run.objects.filter(
+            id=run_id, fencing_token=token, status__in=Run.ACTIVE
+        ).update(**updates)
+        if taken != 1:
+            raise AppendRejected(run_id, _rejection_reason(run_id, token))
+        last_seq = Run.objects.values_list("last_seq", flat=True).get(id=run_id)
+        first = last_seq - len(events) + 1
+        records = [
+            Record(first + i, event_type, encode(payload))
+            for i, (event_type, payload) in enumerate(events)
+        ]
+        Event.objects.bulk_create(
+            [
+                Event(run_id=run_id, seq=r.seq, type=r.type, payload=r.payload, created_at=now)
+                for r in records
+            ]
+        )
+    return records
+
+
+def _rejection_reason(run_id: str, token: int) -> str:
+    row = Run.objects.filter(id=run_id).values("status", "fencing_token").first()
+    if row is None:
+        return "no such run"
+    if row["status"] not in Run.ACTIVE:
+        return f"run already ended ({row['status']})"
+    return f"stale fencing token {token}, current {row['fencing_token']}"
+
+
+def read_after(*, run_id: str, after_seq: int, limit: int = READ_PAGE) -> list[Record]:
+    """Up to `limit` records with seq > `after_seq`, in order (one indexed query)."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT seq, type, payload FROM journal_event"
+            " WHERE run_id = %s AND seq > %s ORDER BY seq LIMIT %s",
+            [run_id, after_seq, limit],
+        )
+        return [Record(*row) for row in cursor.fetchall()]
+
+
+def read_timed(*, run_id: str, after_seq: int, limit: int = READ_PAGE):
+    """Like `read_after`, with each event's commit time: (Record, datetime) pairs."""
+    rows = (
+        Event.objects.filter(run_id=run_id, seq__gt=after_seq)
+        .order_by("seq")
+        .values_list("seq", "type", "payload", "created_at")[:limit]
+    )
+    return [(Record(seq, t, p), created) for seq, t, p, created in rows]
+
+
+@dataclass(frozen=True)
+class RunState:
+    """What readers need to know of a run, read in one query."""
+
+    id: str
+    owner_id: int
+    session_id: int | None
+    status: str
+    terminal_state: str
+    last_seq: int
+    lease_expires_at: datetime | None
+    pruned: bool
+
+    @property
+    def terminal(self) -> bool:
+        return self.status not in Run.ACTIVE
+
+    @property
+    def lease_expired(self) -> bool:
+        return (
+            self.status == Run.Status.RUNNING
+            and self.lease_expires_at is not None
+            and self.lease_expires_at < timezone.now()
+        )
+
+
+_STATE_FIELDS = (
+    "id",
+    "owner_id",
+    "session_id",
+    "status",
+    "terminal_state",
+    "last_seq",
+    "lease_expires_at",
+    "pruned_at",
+)
+
+
+def run_state(*, run_id: str) -> RunState | None:
+    row = Run.objects.filter(id=run_id).values_list(*_STATE_FIELDS).first()
+    if row is None:
+        return None
+    *head, pruned_at = row
+    return RunState(*head, pruned=pruned_at is not None)
+
+
+def run_summary(*, run: Run, worker_alive: bool | None = None) -> dict:
+    """The status document of `GET /api/runs/<id>/`."""
+    terminal = run.is_terminal
+    if worker_alive is None:
+        worker_alive = (
+            run.status == Run.Status.RUNNING
+            and run.lease_expires_at is not None
+            and run.lease_expires_at >= timezone.now()
+        )
+    return {
+        "id": run.id,
+        "session_id": run.session_id,
+        "status": run.status,
+        "terminal": terminal,
+        "terminal_state": run.terminal_state,
+        "last_seq": run.last_seq,
+        "last_event_id": f"{run.id}:{run.last_seq}" if run.last_seq else None,
+        "replay_available": run.pruned_at is None,
+        "worker_alive": worker_alive,
+        "model": run.model,
+        "provider": run.provider,
+        "usage": run.usage,
+        "diagnostics": run.diagnostics,
+        "error": (
+            {"category": run.error_category, "message": run.error_message}
+            if run.error_category
+            else None
+        ),
+        "created_at": run.created_at.isoformat(),
+        "ended_at": run.ended_at.isoformat() if run.ended_at else None,
+    }

@@ -1,0 +1,83 @@
+import pytest
+
+from hermes_site.testing import running_run
+from journal.events import InvalidEvent
+from journal.leases import run_claim_next, run_settle
+from journal.models import Event, Run
+from journal.store import AppendRejected, append, read_after
+
+
+def _tokens(n, start=0):
+    return [("token", {"text": f"t{i}"}) for i in range(start, start + n)]
+
+
+def test_append_takes_consecutive_seqs_and_reads_in_pages(alice):
+    run = running_run(alice[0])
+    first = append(run_id=run.id, token=1, events=_tokens(3))
+    second = append(run_id=run.id, token=1, events=_tokens(2, start=3))
+    assert [r.seq for r in first + second] == [1, 2, 3, 4, 5]
+    assert [r.seq for r in read_after(run_id=run.id, after_seq=0, limit=2)] == [1, 2]
+    assert [r.payload for r in read_after(run_id=run.id, after_seq=3)] == [
+        '{"text":"t3"}',
+        '{"text":"t4"}',
+    ]
+    run.refresh_from_db()
+    assert run.last_seq == 5
+
+
+def test_stale_writer_writes_nothing(alice):
+    run = running_run(alice[0])
+    append(run_id=run.id, token=1, events=_tokens(1))
+    Run.objects.filter(id=run.id).update(fencing_token=2)  # another process took it over
+    with pytest.raises(AppendRejected, match="stale fencing token"):
+        append(run_id=run.id, token=1, events=_tokens(5))
+    assert Event.objects.filter(run=run).count() == 1
+    assert Run.objects.get(id=run.id).last_seq == 1
+
+
+def test_exactly_one_end(alice):
+    run = running_run(alice[0])
+    end = ("end", {"status": "completed", "terminal_state": "completed"})
+    append(run_id=run.id, token=1, events=[*_tokens(2), end])
+    with pytest.raises(AppendRejected, match="already ended"):
+        append(run_id=run.id, token=1, events=[end])
+    assert run_settle(
+        run_id=run.id, status="interrupted", terminal_state="lost-worker", by="t", only_if_lost=False
+    ) == []
+    run.refresh_from_db()
+    assert (run.status, run.terminal_state, run.last_seq) == ("completed", "completed", 3)
+    assert Event.objects.filter(run=run, type="end").count() == 1
+
+
+def test_end_must_be_last_and_payloads_are_validated(alice):
+    run = running_run(alice[0])
+    with pytest.raises(ValueError):
+        append(
+            run_id=run.id,
+            token=1,
+            events=[("end", {"status": "completed", "terminal_state": "completed"}), *_tokens(1)],
+        )
+    with pytest.raises(InvalidEvent):
+        append(run_id=run.id, token=1, events=[("token", {"txt": "x"})])
+    with pytest.raises(InvalidEvent):
+        append(run_id=run.id, token=1, events=[("bogus", {})])
+    assert Run.objects.get(id=run.id).last_seq == 0
+
+
+def test_settling_a_lost_run_fences_out_its_old_writer(alice):
+    run = running_run(alice[0], lease_s=-1)  # lease already expired
+    append(run_id=run.id, token=1, events=_tokens(2))
+    records = run_settle(run_id=run.id, status="interrupted", terminal_state="lost-worker", by="t")
+    assert [(r.seq, r.type) for r in records] == [(3, "end")]
+    with pytest.raises(AppendRejected):
+        append(run_id=run.id, token=1, events=_tokens(1))
+    run.refresh_from_db()
+    assert (run.status, run.terminal_state) == ("interrupted", "lost-worker")
+
+
+def test_claim_bumps_the_fencing_token_once_per_claim(alice):
+    queued = Run.objects.create(owner=alice[0])
+    claim = run_claim_next(worker_id="w1", lease_s=30)
+    assert claim.run_id == queued.id and claim.token == 1
+    assert run_claim_next(worker_id="w2", lease_s=30) is None
+    assert Run.objects.get(id=queued.id).status == "running"
