@@ -44,11 +44,11 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         self.pump: asyncio.Task | None = None
         run_id = self.scope["url_route"]["kwargs"]["run_id"]
         run, code = await dbpool.readers.run(_authorize, self.scope, run_id)
-        if run is None:
-            await self.close(code=code)
-            return
-        if run.pruned_at is not None:
-            await self.close(code=CLOSE_GONE)
+        # Accept before refusing: a close code (unlike a bare 403) tells the
+        # client why, as the SSE view's status does.
+        await self.accept()
+        if run is None or run.pruned_at is not None:
+            await self.close(code=code or CLOSE_GONE)
             return
         headers = dict(self.scope.get("headers", ()))
         last_event_id = headers.get(b"last-event-id", b"").decode("latin-1") or None
@@ -58,7 +58,6 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
             run_id=run.id,
             last_seq=run.last_seq,
         )
-        await self.accept()
         if run.is_terminal and cursor.after_seq >= run.last_seq:
             await self.close(code=1000)
             return

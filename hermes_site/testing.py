@@ -16,6 +16,7 @@ from datetime import timedelta
 import httpx
 import uvicorn
 import websockets
+from channels.layers import get_channel_layer
 from django.utils import timezone
 from httpx_sse import EventSource
 from rest_framework.authtoken.models import Token
@@ -147,3 +148,12 @@ def wait_until(predicate, timeout: float = 10, interval: float = 0.02):
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(interval)
+
+
+async def group_size(group: str) -> int:
+    """Members of a channel-layer group, in-memory or Redis."""
+    layer = get_channel_layer()
+    if hasattr(layer, "groups"):  # InMemoryChannelLayer
+        return len(layer.groups.get(group, {}))
+    connection = layer.connection(layer.consistent_hash(group))
+    return await connection.zcard(layer._group_key(group))

@@ -18,6 +18,7 @@ close; ``active_requests`` returns to 0 on every path.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import email.utils
 import json
 import logging
@@ -163,8 +164,9 @@ class OpenAIProvider:
         try:
             response = await self._open(body, stats)
             try:
-                async for item in self._items(response):
-                    yield item
+                async with contextlib.aclosing(self._items(response)) as items:
+                    async for item in items:
+                        yield item
             finally:
                 await response.aclose()
         finally:
@@ -217,19 +219,21 @@ class OpenAIProvider:
 
     async def _items(self, response: httpx.Response) -> AsyncIterator[StreamItem]:
         """Parse SSE frames into stream items, translating transport faults."""
-        ended = False  # [DONE] or a finish_reason arrived
+        done = finished = False
         try:
-            async for sse in EventSource(response).aiter_sse():
-                if sse.data.strip() == "[DONE]":
-                    # Like the official SDK, read on to the end of the body so the
-                    # connection can go back to the pool; later frames are ignored.
-                    ended = True
-                    continue
-                if ended or not sse.data:
-                    continue
-                for item in _parse_chunk(sse.data):
-                    ended = ended or isinstance(item, Finish)
-                    yield item
+            async with contextlib.aclosing(EventSource(response).aiter_sse()) as events:
+                async for sse in events:
+                    if sse.data.strip() == "[DONE]":
+                        # Like the official SDK, read on to the end of the body so
+                        # the connection can go back to the pool; later frames
+                        # are ignored.
+                        done = True
+                        continue
+                    if done or not sse.data:
+                        continue
+                    for item in _parse_chunk(sse.data):
+                        finished = finished or isinstance(item, Finish)
+                        yield item
         except httpx.TimeoutException as exc:
             raise ProviderError(
                 TIMEOUT,
@@ -249,7 +253,7 @@ class OpenAIProvider:
                 during_stream=True,
                 reason=reason or "connection lost",
             ) from exc
-        if not ended:
+        if not (done or finished):
             raise ProviderError(
                 NETWORK,
                 "stream ended before a finish_reason or [DONE]",
