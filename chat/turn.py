@@ -1,0 +1,361 @@
+"""The turn engine: one model step, streamed, with DESIGN §6 rules 2–5.
+
+Rule 1 (retries before response headers) belongs to the provider. Here:
+2. a stream that dies before anything was shown is reopened silently, at most
+   ``max_transparent_retries`` times;
+3. a stream that dies after text was shown has that partial committed through
+   the sink, a ``Retry attempt: stream-resume k/N; <reason>`` status, and the
+   conversation, now ending in the fragment, POSTed again; after N resumes the
+   turn fails with the client library's message; tool calls of a cut stream
+   are dropped, never resumed or returned;
+4. every read races ``cancel`` and cancel wins: the response is closed at once;
+5. each stream is capped in time and in bytes.
+Nothing here touches Django or awaits a database inside the read loop: the sink's
+``token``/``reasoning``/``status`` are plain calls that hand data to a batcher.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Final, Protocol
+
+from chat.providers.base import (
+    CANCELLED,
+    PROVIDER,
+    TIMEOUT,
+    ContentDelta,
+    Finish,
+    Provider,
+    ProviderError,
+    ReasoningDelta,
+    RequestStats,
+    ToolCallDelta,
+    Usage,
+)
+
+logger = logging.getLogger(__name__)
+
+COMPLETED: Final = "completed"
+FAILED: Final = "failed"
+CANCELLED_OUTCOME: Final = "cancelled"
+MAX_STREAM_SECONDS = 30 * 60  # rule 5: no honest answer streams for half an hour
+MAX_CONTENT_BYTES = 10 * 2**20  # rule 5: bounds memory and the journal per stream
+
+
+class TurnSink(Protocol):
+    """Where a turn's output goes; the worker's implementation journals it."""
+
+    def token(self, text: str) -> None:
+        """Visible text; must not block (hand it to a batching writer)."""
+
+    def reasoning(self, text: str) -> None:
+        """Reasoning text; must not block."""
+
+    def status(self, message: str) -> None:
+        """A status line such as a stream-resume notice; must not block."""
+
+    async def commit_partial(self, content: str, reasoning: str) -> None:
+        """Persist the shown partial as an assistant message (rule 3)."""
+
+
+@dataclass(frozen=True)
+class TurnError:
+    category: str
+    message: str
+    retryable: bool = False
+
+
+@dataclass
+class TurnResult:
+    """How a turn ended.
+
+    ``content``/``reasoning`` are the last stream's text, not yet committed
+    (earlier fragments went through ``commit_partial``). ``tool_calls`` come
+    only from a stream that finished. ``usage`` holds only what the provider
+    reported, summed over the turn's streams (``None`` if none reported).
+    """
+
+    outcome: str
+    content: str = ""
+    reasoning: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    error: TurnError | None = None
+    diagnostics: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class _Attempt:
+    """What one stream (one POST that got headers, or not) produced."""
+
+    content: list[str] = field(default_factory=list)
+    reasoning: list[str] = field(default_factory=list)
+    calls: dict[int, dict[str, Any]] = field(default_factory=dict)
+    usage: dict[str, Any] | None = None
+    finish_reason: str | None = None
+    size: int = 0
+
+    @property
+    def text(self) -> str:
+        return "".join(self.content)
+
+    @property
+    def thought(self) -> str:
+        return "".join(self.reasoning)
+
+    @property
+    def shown(self) -> bool:
+        return bool(self.content or self.reasoning)
+
+    def add_call(self, delta: ToolCallDelta) -> None:
+        call = self.calls.setdefault(
+            delta.index,
+            {"id": None, "type": "function", "function": {"name": "", "arguments": ""}},
+        )
+        # id and name arrive once, first; some servers repeat them, so keep the first.
+        call["id"] = call["id"] or delta.id
+        call["function"]["name"] = call["function"]["name"] or delta.name or ""
+        call["function"]["arguments"] += delta.arguments
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        calls = [self.calls[i] for i in sorted(self.calls)]
+        for call in calls:
+            call["id"] = call["id"] or f"call_{secrets.token_hex(8)}"
+        return calls
+
+
+@dataclass
+class _Meter:
+    """First-token latency and delta rate over the whole turn."""
+
+    started: float = field(default_factory=time.monotonic)
+    first: float | None = None
+    last: float = 0.0
+    deltas: int = 0
+
+    def tick(self) -> None:
+        now = time.monotonic()
+        self.first = self.first or now
+        self.last = now
+        self.deltas += 1
+
+    def report(self) -> dict[str, Any]:
+        span = self.last - self.first if self.first else 0.0
+        return {
+            "first_token_ms": (
+                round((self.first - self.started) * 1000) if self.first else None
+            ),
+            # Delta frames per second: OpenAI-compatible servers send about one
+            # token per frame; usage, when reported, is the exact count.
+            "tokens_per_s": round(self.deltas / span, 1) if span > 0 else None,
+        }
+
+
+async def run_turn(
+    provider: Provider,
+    *,
+    model: str,
+    messages: Sequence[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    sink: TurnSink,
+    cancel: asyncio.Event,
+    max_stream_retries: int = 3,
+    max_transparent_retries: int = 2,
+    max_stream_seconds: float = MAX_STREAM_SECONDS,
+    max_content_bytes: int = MAX_CONTENT_BYTES,
+) -> TurnResult:
+    """Run one model step to completion, failure or cancel (see module doc).
+
+    Never raises ``ProviderError``; a ``CancelledError`` of the calling task
+    propagates after the HTTP response was closed.
+    """
+    history = list(messages)
+    stats, meter = RequestStats(), _Meter()
+    usage: dict[str, Any] | None = None
+    resumes = transparent = 0
+
+    def result(outcome: str, attempt: _Attempt, error: ProviderError | None):
+        diagnostics = {
+            "model_requests_started": stats.requests_started,
+            "http_retries": stats.http_retries,
+            "transparent_retries": transparent,
+            "stream_resumes": resumes,
+            **meter.report(),
+        }
+        done = outcome == COMPLETED
+        return TurnResult(
+            outcome=outcome,
+            content=attempt.text,
+            reasoning=attempt.thought,
+            tool_calls=attempt.tool_calls() if done else [],
+            usage=usage,
+            finish_reason=(attempt.finish_reason or "stop") if done else None,
+            error=(
+                TurnError(error.category, error.message, error.retryable)
+                if error
+                else None
+            ),
+            diagnostics=diagnostics,
+        )
+
+    while True:
+        attempt = _Attempt()
+        if cancel.is_set():
+            return result(CANCELLED_OUTCOME, attempt, _cancelled())
+        error = await _stream_once(
+            provider,
+            model=model,
+            messages=list(history),
+            tools=tools,
+            sink=sink,
+            cancel=cancel,
+            attempt=attempt,
+            stats=stats,
+            meter=meter,
+            max_seconds=max_stream_seconds,
+            max_bytes=max_content_bytes,
+        )
+        usage = _sum_usage(usage, attempt.usage)
+        if error is None:
+            return result(COMPLETED, attempt, None)
+        if error.category == CANCELLED:
+            return result(CANCELLED_OUTCOME, attempt, error)
+        if not error.during_stream:
+            return result(FAILED, attempt, error)
+        if not attempt.shown:
+            if transparent >= max_transparent_retries:
+                return result(FAILED, attempt, error)
+            transparent += 1
+            logger.info("stream died before content (%s); reopening", error.message)
+            continue
+        if resumes >= max_stream_retries:
+            return result(FAILED, attempt, error)
+        resumes += 1
+        logger.warning("stream died after content (%s); resume %d", error, resumes)
+        await sink.commit_partial(attempt.text, attempt.thought)
+        sink.status(
+            f"Retry attempt: stream-resume {resumes}/{max_stream_retries}; "
+            f"{error.reason}"
+        )
+        if attempt.content:
+            # Reasoning-only partials are committed but not replayed: an empty
+            # assistant message would give the model nothing to continue from.
+            history.append({"role": "assistant", "content": attempt.text})
+
+
+async def _stream_once(
+    provider: Provider,
+    *,
+    cancel: asyncio.Event,
+    max_seconds: float,
+    **read_args: Any,
+) -> ProviderError | None:
+    """Read one stream in a task raced against ``cancel`` and the time cap.
+
+    Returns the fault, a ``cancelled``/``timeout`` error, or ``None`` when the
+    stream finished. Cancelling the reader closes the HTTP response at once.
+    """
+    reader = asyncio.create_task(_read(provider, **read_args))
+    waiter = asyncio.create_task(cancel.wait())
+    try:
+        done, _ = await asyncio.wait(
+            {reader, waiter}, timeout=max_seconds, return_when=asyncio.FIRST_COMPLETED
+        )
+    finally:
+        waiter.cancel()
+        if not reader.done():
+            reader.cancel()
+            await asyncio.wait({reader})  # its finally blocks close the response
+    if waiter in done or cancel.is_set():  # rule 4: cancel wins every race
+        return _cancelled()
+    if reader not in done:
+        return ProviderError(
+            TIMEOUT, f"stream exceeded the {max_seconds:g} s cap", retryable=True
+        )
+    if reader.cancelled():  # cannot happen unless someone else cancelled it
+        return _cancelled()
+    exc = reader.exception()
+    if exc is None or isinstance(exc, ProviderError):
+        return exc
+    raise exc
+
+
+async def _read(
+    provider: Provider,
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None,
+    sink: TurnSink,
+    attempt: _Attempt,
+    stats: RequestStats,
+    meter: _Meter,
+    max_bytes: int,
+) -> None:
+    """Consume one stream into ``attempt``, handing text to the sink."""
+    stream = provider.stream(model, messages, tools, stats=stats)
+    async with contextlib.aclosing(stream) as items:  # type: ignore[type-var]
+        async for item in items:
+            if isinstance(item, ContentDelta):
+                attempt.content.append(item.text)
+                attempt.size += len(item.text.encode())
+                meter.tick()
+                sink.token(item.text)
+            elif isinstance(item, ReasoningDelta):
+                attempt.reasoning.append(item.text)
+                attempt.size += len(item.text.encode())
+                meter.tick()
+                sink.reasoning(item.text)
+            elif isinstance(item, ToolCallDelta):
+                attempt.add_call(item)
+                attempt.size += len(item.arguments.encode())
+            elif isinstance(item, Finish):
+                attempt.finish_reason = item.reason
+            elif isinstance(item, Usage):
+                attempt.usage = _max_usage(attempt.usage, item.data)
+            if attempt.size > max_bytes:
+                raise ProviderError(
+                    PROVIDER, f"stream exceeded the {max_bytes} byte cap"
+                )
+
+
+def _cancelled() -> ProviderError:
+    return ProviderError(CANCELLED, "cancelled by the user")
+
+
+def _max_usage(old: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """Merge two reports of one stream: numbers by max (cumulative counters)."""
+    return _merge(old or {}, new, max)
+
+
+def _sum_usage(
+    total: dict[str, Any] | None, stream: dict[str, Any] | None
+) -> dict[str, Any] | None:
+    """Add one stream's usage to the turn's: every POST billed its own tokens."""
+    if stream is None:
+        return total
+    return _merge(total or {}, stream, lambda a, b: a + b)
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any], combine: Any) -> dict[str, Any]:
+    out = dict(a)
+    for key, value in b.items():
+        old = out.get(key)
+        if isinstance(value, dict) and isinstance(old, dict):
+            out[key] = _merge(old, value, combine)
+        elif _is_number(value) and _is_number(old):
+            out[key] = combine(old, value)
+        elif value is not None or key not in out:
+            out[key] = value
+    return out
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
