@@ -1,0 +1,3 @@
+"""URLs of the browser pages (the chat page, sign-up, login, account)."""
+
+urlpatterns: list = []
