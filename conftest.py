@@ -37,3 +37,39 @@ def alice(transactional_db, django_user_model):
 @pytest.fixture
 def bob(transactional_db, django_user_model):
     return make_user(django_user_model, "bob")
+
+
+@pytest.fixture(scope="session")
+def _fake_llm_server():
+    from chat.testing.fake_llm import FakeLLM
+
+    with FakeLLM(models=["fake-model", "other-model"]) as fake:
+        yield fake
+
+
+@pytest.fixture
+def fake_llm(_fake_llm_server, settings):
+    """The loopback OpenAI-compatible server, wired as provider `openai`, model `fake-model`."""
+    from chat.providers import registry
+
+    _fake_llm_server.reset()
+    settings.HERMES = {
+        **settings.HERMES,
+        "OPENAI_BASE_URL": _fake_llm_server.base_url,
+        "DEFAULT_MODEL": "fake-model",
+        "HEARTBEAT_S": 0.3,
+    }
+    registry.reset()
+    yield _fake_llm_server
+    registry.reset()
+
+
+@pytest.fixture
+def live_worker(server, fake_llm):
+    """The turn worker running inside the server's event loop (the embedded mode)."""
+    from chat.worker import Worker
+
+    worker = Worker(concurrency=8)
+    server.call(worker.start())
+    yield worker
+    server.call(worker.stop(grace_s=5))

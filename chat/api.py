@@ -23,7 +23,14 @@ from . import snapshot
 from .providers import registry as providers
 from .access import NotFound, run_get_for_owner, session_get_for_owner
 from .models import ChatSession, Message
-from .services import RunConflict, run_cancel, run_start, session_create
+from .services import (
+    RunConflict,
+    run_cancel,
+    run_start,
+    session_create,
+    session_delete,
+    session_update,
+)
 from .sse import pruned_response
 
 EVENTS_PAGE_MAX = 5000
@@ -92,6 +99,14 @@ class SessionDetail(generics.RetrieveUpdateDestroyAPIView):
     def get_object(self):
         return _session_for(self.request, self.kwargs["session_id"])
 
+    def perform_update(self, serializer):
+        serializer.instance = session_update(
+            session=serializer.instance, **serializer.validated_data
+        )
+
+    def perform_destroy(self, instance):
+        session_delete(session=instance)
+
     def retrieve(self, request, *args, **kwargs):
         session = self.get_object()
         return Response({**self.get_serializer(session).data, **snapshot.session_live(session)})
@@ -108,6 +123,13 @@ class SessionMessages(generics.ListAPIView):
 
     def get_queryset(self):
         return _session_for(self.request, self.kwargs["session_id"]).messages.all()
+
+
+class ModelList(APIView):
+    def get(self, request):
+        return Response(
+            {"models": providers.model_choices(), "default": providers.default_model()}
+        )
 
 
 class RunCreateSerializer(serializers.Serializer):

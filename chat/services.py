@@ -11,7 +11,7 @@ from django.utils import timezone
 
 from journal.leases import run_settle
 from journal.models import Event, Run
-from journal.publish import publish_on_commit
+from journal.publish import announce, publish_on_commit
 from journal.signals import run_settling
 
 from .models import ChatSession, Message
@@ -44,10 +44,40 @@ def _signal_workers(message: dict) -> None:
     transaction.on_commit(send)
 
 
-def session_create(*, owner, title: str = "", model: str = "", system_prompt: str = "") -> ChatSession:
-    return ChatSession.objects.create(
-        owner=owner, title=title or "New chat", model=model, system_prompt=system_prompt
+def _announce_on_commit(user_id: int, event: str, data: dict) -> None:
+    transaction.on_commit(lambda: async_to_sync(announce)(user_id, event, data))
+
+
+def session_create(
+    *, owner, title: str = "", model: str = "", system_prompt: str = "", archived: bool = False
+) -> ChatSession:
+    session = ChatSession.objects.create(
+        owner=owner,
+        title=title or "New chat",
+        model=model,
+        system_prompt=system_prompt,
+        archived=archived,
     )
+    _announce_on_commit(owner.pk, "session", {"action": "created", "session_id": session.pk})
+    return session
+
+
+def session_update(*, session: ChatSession, **fields) -> ChatSession:
+    for name, value in fields.items():
+        setattr(session, name, value)
+    session.save()
+    _announce_on_commit(session.owner_id, "session", {"action": "updated", "session_id": session.pk})
+    return session
+
+
+def session_delete(*, session: ChatSession) -> None:
+    """Delete a session, its messages and its runs' journals."""
+    owner_id, pk = session.owner_id, session.pk
+    active = Run.objects.filter(session=session, status__in=Run.ACTIVE)
+    for run in active:
+        run_cancel(run=run)
+    session.delete()
+    _announce_on_commit(owner_id, "session", {"action": "deleted", "session_id": pk})
 
 
 def run_start(
@@ -90,6 +120,11 @@ def run_start(
             Message.objects.create(session=session, role=Message.Role.USER, content=content, run=run)
             ChatSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())
             _signal_workers({"type": "worker.nudge"})
+            _announce_on_commit(
+                owner_id,
+                "run",
+                {"action": "started", "run_id": run.id, "session_id": session.pk},
+            )
     except IntegrityError:
         if idempotency_key:  # a concurrent retry with the same key won the race
             return Run.objects.get(owner_id=owner_id, idempotency_key=idempotency_key), False

@@ -4,12 +4,17 @@ Parses, authorises and serialises; reading is `journal.subscribe`. Database
 work goes through the shared pool so a streaming request holds no connection.
 """
 
+import asyncio
+import json
+
+from channels.layers import get_channel_layer
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import reverse
 
 from journal import dbpool
 from journal.cursor import cursor_from_request
+from journal.publish import owner_group
 from journal.subscribe import subscribe
 
 from .access import NotFound, run_get_for_owner, user_from_request
@@ -77,3 +82,43 @@ async def _frames(run_id: str, after_seq: int, unusable_reason: str):
         yield "".join(
             f"id: {run_id}:{r.seq}\nevent: {r.type}\ndata: {r.payload}\n\n" for r in batch
         )
+
+
+def _authenticated_user_id(request) -> int | None:
+    user = user_from_request(request)
+    return user.pk if user.is_authenticated else None
+
+
+async def user_stream(request):
+    """`GET /api/stream/`: the user's notifications (sessions, run start/finish).
+
+    Not journaled: a tab that reconnects refetches the session list instead.
+    """
+    user_id = await dbpool.readers.run(_authenticated_user_id, request)
+    if user_id is None:
+        return JsonResponse({"error": "authentication required"}, status=401)
+    response = StreamingHttpResponse(_notifications(user_id), content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+async def _notifications(user_id: int):
+    hermes = settings.HERMES
+    layer = get_channel_layer()
+    channel = await layer.new_channel()
+    group = owner_group(user_id)
+    await layer.group_add(group, channel)
+    try:
+        yield f"retry: {hermes['SSE_RETRY_MS']}\n\nevent: hello\ndata: {{}}\n\n"
+        while True:
+            try:
+                message = await asyncio.wait_for(
+                    layer.receive(channel), hermes["SSE_KEEPALIVE_S"]
+                )
+            except TimeoutError:
+                yield ": keepalive\n\n"
+                continue
+            yield f"event: {message['event']}\ndata: {json.dumps(message['data'])}\n\n"
+    finally:
+        await layer.group_discard(group, channel)

@@ -3,6 +3,8 @@ from django.urls import path
 from . import api, sse
 
 urlpatterns = [
+    path("api/models/", api.ModelList.as_view(), name="api-models"),
+    path("api/stream/", sse.user_stream, name="api-stream"),
     path("api/sessions/", api.SessionList.as_view(), name="api-sessions"),
     path("api/sessions/<str:session_id>/", api.SessionDetail.as_view(), name="api-session"),
     path(

@@ -4,6 +4,7 @@ Only records that are already committed are published. A failed publish is
 logged and forgotten: readers find the events in the journal anyway.
 """
 
+import json
 import logging
 
 from asgiref.sync import async_to_sync
@@ -11,6 +12,8 @@ from channels.layers import get_channel_layer
 from django.db import transaction
 
 from . import dbpool
+from .events import TERMINAL
+from .models import Run
 from .store import Record, append
 
 log = logging.getLogger(__name__)
@@ -18,6 +21,11 @@ log = logging.getLogger(__name__)
 
 def group_name(run_id: str) -> str:
     return f"run.{run_id}"
+
+
+def owner_group(user_id: int) -> str:
+    """Where a user's notifications go (every tab's sidebar listens)."""
+    return f"user.{user_id}"
 
 
 def message_for(run_id: str, records: list[Record]) -> dict:
@@ -38,6 +46,40 @@ async def publish(run_id: str, records: list[Record]) -> None:
         await layer.group_send(group_name(run_id), message_for(run_id, records))
     except Exception:  # the journal decides; a lost doorbell only slows readers
         log.warning("publish failed run_id=%s", run_id, exc_info=True)
+    if records[-1].type == TERMINAL:
+        await _announce_end(run_id, json.loads(records[-1].payload))
+
+
+async def announce(user_id: int, event: str, data: dict) -> None:
+    """Tell every open tab of a user (not journaled: tabs refetch on reconnect)."""
+    layer = get_channel_layer()
+    if layer is None:
+        return
+    try:
+        await layer.group_send(
+            owner_group(user_id), {"type": "user.notify", "event": event, "data": data}
+        )
+    except Exception:
+        log.warning("announce failed user_id=%s", user_id, exc_info=True)
+
+
+def _owner_of(run_id: str) -> dict | None:
+    return Run.objects.filter(id=run_id).values("owner_id", "session_id").first()
+
+
+async def _announce_end(run_id: str, end: dict) -> None:
+    owner = await dbpool.readers.run(_owner_of, run_id)
+    if owner:
+        await announce(
+            owner["owner_id"],
+            "run",
+            {
+                "action": "finished",
+                "run_id": run_id,
+                "session_id": owner["session_id"],
+                "status": end["status"],
+            },
+        )
 
 
 def publish_on_commit(run_id: str, records: list[Record]) -> None:

@@ -142,3 +142,9 @@ def get_provider(name: str):
 def active_requests() -> int:
     """Provider request slots in use in this process: 0 when idle."""
     return sum(getattr(p, "active_requests", 0) for p in _providers.values())
+
+
+def reset() -> None:
+    """Forget built providers and model listings (settings changed: tests, reloads)."""
+    _providers.clear()
+    _listed.clear()

@@ -50,6 +50,9 @@ class Reply:
 
     text: str = ""
     reasoning: str = ""
+    #: Delta key of reasoning: ``reasoning_content`` (DeepSeek, vLLM) or
+    #: ``reasoning`` (OpenRouter, Ollama).
+    reasoning_key: str = "reasoning_content"
     #: ``{"name": str, "arguments": str | dict, "id": str (optional)}`` each.
     tool_calls: list[dict[str, Any]] = field(default_factory=list)
     #: Sent as the final ``choices: []`` frame if the request asked for it.
@@ -117,7 +120,8 @@ class FakeLLM:
         self.api_key = api_key
         self._cond = threading.Condition()
         self._queue: deque[Reply] = deque()
-        self._default = default or Reply(text="Hello from the fake model.")
+        self._initial_default = default or Reply(text="Hello from the fake model.")
+        self._default = self._initial_default
         self._records: list[RecordedRequest] = []
         self._port: int | None = None
         self._thread: threading.Thread | None = None
@@ -142,10 +146,11 @@ class FakeLLM:
             self._queue.extend(replies)
 
     def reset(self) -> None:
-        """Forget queued replies and recorded requests."""
+        """Forget queued replies and recorded requests; restore the default."""
         with self._cond:
             self._queue.clear()
             self._records.clear()
+            self._default = self._initial_default
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -392,10 +397,12 @@ class FakeLLM:
     ) -> None:
         data = json.dumps(payload).encode()
         headers = {"Content-Type": "application/json", "Content-Length": str(len(data))}
+        if rec is not None:
+            # Recorded before the bytes leave, so a client that has read the
+            # response always finds the record complete.
+            self._update(rec, status=status, last_byte_at=time.monotonic())
         writer.write(_head(status, {**headers, **(extra or {})}) + data)
         await writer.drain()
-        if rec is not None:
-            self._update(rec, status=status, last_byte_at=time.monotonic())
 
 
 class _StreamWriter:
@@ -442,9 +449,9 @@ class _StreamWriter:
             "Connection": "close",
         }
         watcher = asyncio.create_task(self._watch_eof())
+        self.fake._update(self.rec, status=200)
         try:
             await self._send(_head(200, headers), frames)
-            self.fake._update(self.rec, status=200, last_byte_at=time.monotonic())
             if reply.stall_after_chars is not None and not self.peer_closed.is_set():
                 self.fake._update(self.rec, stall_at=time.monotonic())
                 await self.peer_closed.wait()
@@ -460,7 +467,7 @@ class _StreamWriter:
         self.writer.write(head)
         interval = 1 / self.reply.tokens_per_s if self.reply.tokens_per_s else 0.0
         next_at = time.monotonic()
-        for frame in frames:
+        for i, frame in enumerate(frames, 1):
             if interval and frame.startswith(b"data: {"):
                 next_at += interval
                 delay = next_at - time.monotonic()
@@ -469,6 +476,8 @@ class _StreamWriter:
                         await asyncio.wait_for(self.peer_closed.wait(), delay)
             if self.peer_closed.is_set():
                 return
+            if i == len(frames):  # recorded first: the client may read it at once
+                self.fake._update(self.rec, last_byte_at=time.monotonic())
             self.writer.write(frame)
             await self.writer.drain()
 
@@ -501,7 +510,7 @@ def _pieces(reply: Reply, body: dict[str, Any], with_usage: bool) -> list[_Piece
 
     n = max(1, reply.chunk_chars)
     pieces = [_Piece(lambda _t: chunk({"role": "assistant", "content": ""}))]
-    for key, text in (("reasoning_content", reply.reasoning), ("content", reply.text)):
+    for key, text in ((reply.reasoning_key, reply.reasoning), ("content", reply.text)):
         for i in range(0, len(text), n):
             pieces.append(_Piece(lambda t, k=key: chunk({k: t}), text[i : i + n]))
     for idx, call in enumerate(_normalise_tool_calls(reply.tool_calls)):
@@ -570,7 +579,7 @@ def _completion(reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
     """A non-streaming chat.completion for ``stream: false`` (no faults)."""
     message: dict[str, Any] = {"role": "assistant", "content": reply.text}
     if reply.reasoning:
-        message["reasoning_content"] = reply.reasoning
+        message[reply.reasoning_key] = reply.reasoning
     calls = _normalise_tool_calls(reply.tool_calls)
     if calls:
         message["tool_calls"] = [

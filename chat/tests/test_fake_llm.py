@@ -267,3 +267,6 @@ def test_management_command_serves_until_interrupted():
     finally:
         if proc.poll() is None:
             proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
