@@ -22,7 +22,7 @@ import math
 import operator
 from collections.abc import Awaitable, Callable, Collection
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
@@ -150,7 +150,7 @@ def current_time(args: dict[str, Any]) -> str:
     """The current time, ISO 8601, in ``timezone`` (IANA name, default UTC)."""
     zone_name = args.get("timezone") or "UTC"
     try:
-        zone = timezone.utc if zone_name == "UTC" else ZoneInfo(str(zone_name))
+        zone = UTC if zone_name == "UTC" else ZoneInfo(str(zone_name))
     except (ZoneInfoNotFoundError, ValueError) as exc:
         raise ToolError(f"unknown time zone {zone_name!r}") from exc
     now = datetime.now(zone)
@@ -223,9 +223,9 @@ def _eval(node: ast.AST) -> Any:
 
 
 def _check_power(base: Any, exponent: Any) -> None:
-    if isinstance(base, int) and isinstance(exponent, int) and abs(base) > 1:
-        if exponent * math.log2(abs(base)) > MAX_POWER_BITS:
-            raise ToolError("result too large")
+    ints = isinstance(base, int) and isinstance(exponent, int)
+    if ints and abs(base) > 1 and exponent * math.log2(abs(base)) > MAX_POWER_BITS:
+        raise ToolError("result too large")
 
 
 def calculator(args: dict[str, Any]) -> str:

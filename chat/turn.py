@@ -1,4 +1,4 @@
-"""The turn engine: one model step, streamed, with DESIGN §6 rules 2–5.
+"""The turn engine: one model step, streamed, with DESIGN §6 rules 2-5.
 
 Rule 1 (retries before response headers) belongs to the provider. Here:
 2. a stream that dies before anything was shown is reopened silently, at most
@@ -176,78 +176,123 @@ async def run_turn(
     Never raises ``ProviderError``; a ``CancelledError`` of the calling task
     propagates after the HTTP response was closed.
     """
-    history = list(messages)
-    stats, meter = RequestStats(), _Meter()
+    turn = _Turn(
+        provider,
+        model=model,
+        tools=tools,
+        sink=sink,
+        cancel=cancel,
+        max_resumes=max_stream_retries,
+        max_reopens=max_transparent_retries,
+        max_seconds=max_stream_seconds,
+        max_bytes=max_content_bytes,
+    )
+    return await turn.run(list(messages))
+
+
+@dataclass
+class _Turn:
+    """The state of one ``run_turn`` call: counters, usage, limits."""
+
+    provider: Provider
+    model: str
+    tools: list[dict[str, Any]] | None
+    sink: TurnSink
+    cancel: asyncio.Event
+    max_resumes: int
+    max_reopens: int
+    max_seconds: float
+    max_bytes: int
+    stats: RequestStats = field(default_factory=RequestStats)
+    meter: _Meter = field(default_factory=_Meter)
     usage: dict[str, Any] | None = None
-    resumes = transparent = 0
+    resumes: int = 0
+    reopens: int = 0
 
-    def result(outcome: str, attempt: _Attempt, error: ProviderError | None):
-        diagnostics = {
-            "model_requests_started": stats.requests_started,
-            "http_retries": stats.http_retries,
-            "transparent_retries": transparent,
-            "stream_resumes": resumes,
-            **meter.report(),
-        }
-        done = outcome == COMPLETED
-        return TurnResult(
-            outcome=outcome,
-            content=attempt.text,
-            reasoning=attempt.thought,
-            tool_calls=attempt.tool_calls() if done else [],
-            usage=usage,
-            finish_reason=(attempt.finish_reason or "stop") if done else None,
-            error=(
-                TurnError(error.category, error.message, error.retryable)
-                if error
-                else None
-            ),
-            diagnostics=diagnostics,
-        )
+    async def run(self, history: list[dict[str, Any]]) -> TurnResult:
+        while True:
+            attempt = _Attempt()
+            if self.cancel.is_set():
+                return self._result(CANCELLED_OUTCOME, attempt, _cancelled())
+            error = await _stream_once(
+                self.provider,
+                cancel=self.cancel,
+                max_seconds=self.max_seconds,
+                model=self.model,
+                messages=list(history),
+                tools=self.tools,
+                sink=self.sink,
+                attempt=attempt,
+                stats=self.stats,
+                meter=self.meter,
+                max_bytes=self.max_bytes,
+            )
+            self.usage = _sum_usage(self.usage, attempt.usage)
+            outcome = self._verdict(error, attempt)
+            if outcome is not None:
+                return self._result(outcome, attempt, error)
+            assert error is not None
+            if attempt.shown:
+                await self._prepare_resume(error, attempt, history)
 
-    while True:
-        attempt = _Attempt()
-        if cancel.is_set():
-            return result(CANCELLED_OUTCOME, attempt, _cancelled())
-        error = await _stream_once(
-            provider,
-            model=model,
-            messages=list(history),
-            tools=tools,
-            sink=sink,
-            cancel=cancel,
-            attempt=attempt,
-            stats=stats,
-            meter=meter,
-            max_seconds=max_stream_seconds,
-            max_bytes=max_content_bytes,
-        )
-        usage = _sum_usage(usage, attempt.usage)
+    def _verdict(self, error: ProviderError | None, attempt: _Attempt) -> str | None:
+        """How the turn ends after this stream, or ``None`` to POST again."""
         if error is None:
-            return result(COMPLETED, attempt, None)
+            return COMPLETED
         if error.category == CANCELLED:
-            return result(CANCELLED_OUTCOME, attempt, error)
-        if not error.during_stream:
-            return result(FAILED, attempt, error)
-        if not attempt.shown:
-            if transparent >= max_transparent_retries:
-                return result(FAILED, attempt, error)
-            transparent += 1
+            return CANCELLED_OUTCOME
+        if not error.during_stream:  # rule 1 already retried it, or a cap
+            return FAILED
+        if not attempt.shown:  # rule 2
+            if self.reopens >= self.max_reopens:
+                return FAILED
+            self.reopens += 1
             logger.info("stream died before content (%s); reopening", error.message)
-            continue
-        if resumes >= max_stream_retries:
-            return result(FAILED, attempt, error)
-        resumes += 1
-        logger.warning("stream died after content (%s); resume %d", error, resumes)
-        await sink.commit_partial(attempt.text, attempt.thought)
-        sink.status(
-            f"Retry attempt: stream-resume {resumes}/{max_stream_retries}; "
+            return None
+        if self.resumes >= self.max_resumes:  # rule 3, exhausted
+            return FAILED
+        self.resumes += 1
+        logger.warning("stream died after content (%s); resume %d", error, self.resumes)
+        return None
+
+    async def _prepare_resume(
+        self, error: ProviderError, attempt: _Attempt, history: list[dict[str, Any]]
+    ) -> None:
+        """Rule 3: keep the shown partial, say so, end the history with it."""
+        await self.sink.commit_partial(attempt.text, attempt.thought)
+        self.sink.status(
+            f"Retry attempt: stream-resume {self.resumes}/{self.max_resumes}; "
             f"{error.reason}"
         )
         if attempt.content:
             # Reasoning-only partials are committed but not replayed: an empty
             # assistant message would give the model nothing to continue from.
             history.append({"role": "assistant", "content": attempt.text})
+
+    def _result(
+        self, outcome: str, attempt: _Attempt, error: ProviderError | None
+    ) -> TurnResult:
+        done = outcome == COMPLETED
+        return TurnResult(
+            outcome=outcome,
+            content=attempt.text,
+            reasoning=attempt.thought,
+            tool_calls=attempt.tool_calls() if done else [],
+            usage=self.usage,
+            finish_reason=(attempt.finish_reason or "stop") if done else None,
+            error=(
+                TurnError(error.category, error.message, error.retryable)
+                if error
+                else None
+            ),
+            diagnostics={
+                "model_requests_started": self.stats.requests_started,
+                "http_retries": self.stats.http_retries,
+                "transparent_retries": self.reopens,
+                "stream_resumes": self.resumes,
+                **self.meter.report(),
+            },
+        )
 
 
 async def _stream_once(
@@ -276,9 +321,7 @@ async def _stream_once(
     if waiter in done or cancel.is_set():  # rule 4: cancel wins every race
         return _cancelled()
     if reader not in done:
-        return ProviderError(
-            TIMEOUT, f"stream exceeded the {max_seconds:g} s cap", retryable=True
-        )
+        return ProviderError(TIMEOUT, f"stream exceeded the {max_seconds:g} s cap")
     if reader.cancelled():  # cannot happen unless someone else cancelled it
         return _cancelled()
     exc = reader.exception()

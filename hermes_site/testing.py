@@ -157,3 +157,50 @@ async def group_size(group: str) -> int:
         return len(layer.groups.get(group, {}))
     connection = layer.connection(layer.consistent_hash(group))
     return await connection.zcard(layer._group_key(group))
+
+
+def subprocess_env(**overrides: str) -> dict:
+    """Environment for a child Hermes process sharing this test run's database."""
+    import os
+
+    from django.db import connection
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST")}
+    db = connection.settings_dict
+    if db["ENGINE"].endswith("sqlite3"):
+        env["HERMES_SQLITE_PATH"] = str(db["NAME"])
+    else:
+        env["DATABASE_URL"] = (
+            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
+        )
+    env.update(overrides)
+    return env
+
+
+def spawn(args: list[str], env: dict, ready_text: str, timeout: float = 30):
+    """Start a child process and wait until it prints `ready_text` on stdout."""
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + timeout
+    seen = []
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        seen.append(line)
+        if ready_text in line:
+            threading.Thread(target=proc.stdout.read, daemon=True).start()  # drain
+            return proc
+    proc.kill()
+    raise AssertionError(f"child did not start: {''.join(seen)[-2000:]}")

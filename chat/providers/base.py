@@ -71,7 +71,7 @@ class ProviderError(Exception):
 
     ``retryable`` says whether trying again later may help (shown to users);
     ``during_stream`` is true when the failure struck after response headers,
-    which is what the turn engine resumes or reopens (DESIGN §6 rules 2–3):
+    which is what the turn engine resumes or reopens (DESIGN §6 rules 2-3):
     failures before headers were already retried by the provider (rule 1).
     ``reason`` is a short label for status messages (``body cut``).
     """

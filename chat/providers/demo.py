@@ -75,7 +75,9 @@ def _script(
 ) -> list[StreamItem]:
     last = messages[-1] if messages else {}
     offered = {
-        (t.get("function") or {}).get("name") for t in tools or () if isinstance(t, dict)
+        (t.get("function") or {}).get("name")
+        for t in tools or ()
+        if isinstance(t, dict)
     }
     if last.get("role") == "tool":
         now = str(last.get("content") or "unknown")

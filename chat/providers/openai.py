@@ -1,7 +1,7 @@
 """Any OpenAI-compatible ``/v1/chat/completions`` endpoint, streamed over httpx.
 
 This module owns DESIGN §6 rule 1 (retries before response headers); rules
-2–5 (what to do when a stream dies, cancel, caps) live in ``chat/turn.py``.
+2-5 (what to do when a stream dies, cancel, caps) live in ``chat/turn.py``.
 After headers, every fault is raised as a :class:`ProviderError` with
 ``during_stream=True`` and is never retried here:
 
@@ -237,7 +237,7 @@ class OpenAIProvider:
         except httpx.TimeoutException as exc:
             raise ProviderError(
                 TIMEOUT,
-                f"no data from the model for {self.idle_timeout:g} s ({_describe(exc)})",
+                f"no data for {self.idle_timeout:g} s ({_describe(exc)})",
                 retryable=True,
                 during_stream=True,
                 reason="idle timeout",

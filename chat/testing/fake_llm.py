@@ -17,59 +17,25 @@ import asyncio
 import contextlib
 import json
 import logging
-import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
+from chat.testing.fake_wire import (
+    Reply,
+    completion,
+    error_payload,
+    plan_stream,
+    read_request,
+    response_head,
+)
+
+__all__ = ["FakeLLM", "RecordedRequest", "Reply"]
+
 logger = logging.getLogger(__name__)
-
-MAX_HEADER_BYTES = 64 * 1024  # more than any client of ours sends; bounds a bad peer
-MAX_BODY_BYTES = 32 * 2**20  # long conversations, not unbounded ones
-MALFORMED_FRAME = b"data: {not json\n\n"
-
-
-def _default_usage() -> dict[str, int]:
-    return {"prompt_tokens": 12, "completion_tokens": 34, "total_tokens": 46}
-
-
-@dataclass
-class Reply:
-    """One scripted answer to one POST /v1/chat/completions.
-
-    Fault fields count *visible characters*: reasoning, then content, then tool
-    call argument text, in the order they are streamed. ``cut_after_chars=0``
-    therefore dies before anything visible (only the role frame is sent).
-    At most one of ``cut_after_chars``, ``stall_after_chars`` and
-    ``malformed_after_chars`` is meant to be set. Faults apply to streaming
-    requests only.
-    """
-
-    text: str = ""
-    reasoning: str = ""
-    #: Delta key of reasoning: ``reasoning_content`` (DeepSeek, vLLM) or
-    #: ``reasoning`` (OpenRouter, Ollama).
-    reasoning_key: str = "reasoning_content"
-    #: ``{"name": str, "arguments": str | dict, "id": str (optional)}`` each.
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
-    #: Sent as the final ``choices: []`` frame if the request asked for it.
-    usage: dict[str, Any] | None = field(default_factory=_default_usage)
-    chunk_chars: int = 4
-    #: Pace in chunks per second (a chunk stands for a token); None = no pause.
-    tokens_per_s: float | None = None
-    status: int = 200
-    retry_after: float | None = None
-    error_body: dict[str, Any] | None = None
-    #: Declare the full Content-Length, send this many chars, then close.
-    cut_after_chars: int | None = None
-    #: Send this many chars, then nothing, until the client closes.
-    stall_after_chars: int | None = None
-    #: Send this many chars, then ``data: {not json``, then close.
-    malformed_after_chars: int | None = None
-    finish_reason: str | None = None  # None: "tool_calls" if tool calls, else "stop"
 
 
 @dataclass
@@ -91,15 +57,6 @@ class RecordedRequest:
     @property
     def messages(self) -> list[dict[str, Any]]:
         return self.body.get("messages", [])
-
-
-@dataclass
-class _Piece:
-    """One SSE frame before rendering; ``text`` is its visible part."""
-
-    make: Callable[[str], dict[str, Any]]
-    text: str = ""
-    terminal: bool = False  # finish / usage frames: a fault strikes before them
 
 
 class FakeLLM:
@@ -289,7 +246,7 @@ class FakeLLM:
         closed_by = "server"
         try:
             while True:
-                request = await _read_request(reader)
+                request = await read_request(reader)
                 if request is None:
                     closed_by = "client"
                     break
@@ -349,15 +306,19 @@ class FakeLLM:
                 await self._send_scripted_error(writer, rec, reply)
                 return True, False
             if not body.get("stream"):
-                await self._send_json(writer, 200, _completion(reply, body), rec)
+                await self._send_json(writer, 200, completion(reply, body), rec)
                 return True, False
             client_closed = await _StreamWriter(self, rec, reply, reader, writer).run()
             return False, client_closed
         if path.rstrip("/") == "/v1/models":
             if method != "GET":
-                await self._send_json(writer, 405, _error("use GET", "bad_method"))
+                await self._send_json(
+                    writer, 405, error_payload("use GET", "bad_method")
+                )
             elif not authorised:
-                await self._send_json(writer, 401, _error("invalid api key", "auth"))
+                await self._send_json(
+                    writer, 401, error_payload("invalid api key", "auth")
+                )
             else:
                 models = [
                     {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
@@ -365,13 +326,17 @@ class FakeLLM:
                 ]
                 await self._send_json(writer, 200, {"object": "list", "data": models})
             return True, False
-        await self._send_json(writer, 404, _error(f"no route {path}", "not_found"))
+        await self._send_json(
+            writer, 404, error_payload(f"no route {path}", "not_found")
+        )
         return True, False
 
     async def _send_scripted_error(
         self, writer: asyncio.StreamWriter, rec: RecordedRequest, reply: Reply
     ) -> None:
-        body = reply.error_body or _error(f"fake error {reply.status}", reply.status)
+        body = reply.error_body or error_payload(
+            f"fake error {reply.status}", reply.status
+        )
         extra = {}
         if reply.retry_after is not None:
             extra["Retry-After"] = f"{reply.retry_after:g}"
@@ -385,7 +350,7 @@ class FakeLLM:
         message: str,
         code: str,
     ) -> None:
-        await self._send_json(writer, status, _error(message, code), rec)
+        await self._send_json(writer, status, error_payload(message, code), rec)
 
     async def _send_json(
         self,
@@ -401,7 +366,7 @@ class FakeLLM:
             # Recorded before the bytes leave, so a client that has read the
             # response always finds the record complete.
             self._update(rec, status=status, last_byte_at=time.monotonic())
-        writer.write(_head(status, {**headers, **(extra or {})}) + data)
+        writer.write(response_head(status, {**headers, **(extra or {})}) + data)
         await writer.drain()
 
 
@@ -423,25 +388,7 @@ class _StreamWriter:
     async def run(self) -> bool:
         """Send the reply; returns whether the client closed the connection."""
         reply = self.reply
-        options = self.rec.body.get("stream_options") or {}
-        pieces = _pieces(reply, self.rec.body, bool(options.get("include_usage")))
-        full = b"".join(_frame(p.make(p.text)) for p in pieces) + b"data: [DONE]\n\n"
-        limits = [
-            x
-            for x in (
-                reply.cut_after_chars,
-                reply.stall_after_chars,
-                reply.malformed_after_chars,
-            )
-            if x is not None
-        ]
-        frames = _cut(pieces, limits[0]) if limits else [*map(_render, pieces)]
-        if not limits:
-            frames.append(b"data: [DONE]\n\n")
-        length = len(full)
-        if reply.malformed_after_chars is not None:
-            frames.append(MALFORMED_FRAME)
-            length = sum(map(len, frames))  # the HTTP body itself is complete
+        frames, length = plan_stream(reply, self.rec.body)
         headers = {
             "Content-Type": "text/event-stream",
             "Cache-Control": "no-cache",
@@ -451,7 +398,7 @@ class _StreamWriter:
         watcher = asyncio.create_task(self._watch_eof())
         self.fake._update(self.rec, status=200)
         try:
-            await self._send(_head(200, headers), frames)
+            await self._send(response_head(200, headers), frames)
             if reply.stall_after_chars is not None and not self.peer_closed.is_set():
                 self.fake._update(self.rec, stall_at=time.monotonic())
                 await self.peer_closed.wait()
@@ -488,158 +435,3 @@ class _StreamWriter:
             while await self.reader.read(4096):
                 pass
         self.peer_closed.set()
-
-
-def _pieces(reply: Reply, body: dict[str, Any], with_usage: bool) -> list[_Piece]:
-    """The reply as ordered frames: role, reasoning, content, tools, finish, usage."""
-    created = int(time.time())
-    chunk_id = f"chatcmpl-fake-{secrets.token_hex(6)}"
-    model = body.get("model", "fake-model")
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "id": chunk_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-        if with_usage:
-            data["usage"] = None  # what OpenAI sends on every non-final chunk
-        return data
-
-    n = max(1, reply.chunk_chars)
-    pieces = [_Piece(lambda _t: chunk({"role": "assistant", "content": ""}))]
-    for key, text in ((reply.reasoning_key, reply.reasoning), ("content", reply.text)):
-        for i in range(0, len(text), n):
-            pieces.append(_Piece(lambda t, k=key: chunk({k: t}), text[i : i + n]))
-    for idx, call in enumerate(_normalise_tool_calls(reply.tool_calls)):
-        head = {"index": idx, "id": call["id"], "type": "function"}
-        head["function"] = {"name": call["name"], "arguments": ""}
-        pieces.append(_Piece(lambda _t, h=head: chunk({"tool_calls": [h]})))
-        args = call["arguments"]
-        for i in range(0, len(args), n):
-            pieces.append(
-                _Piece(
-                    lambda t, i=idx: chunk(
-                        {"tool_calls": [{"index": i, "function": {"arguments": t}}]}
-                    ),
-                    args[i : i + n],
-                )
-            )
-    finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
-    pieces.append(_Piece(lambda _t: chunk({}, finish), terminal=True))
-    if with_usage and reply.usage is not None:
-        usage_frame = {**chunk({}), "choices": [], "usage": reply.usage}
-        pieces.append(_Piece(lambda _t: usage_frame, terminal=True))
-    return pieces
-
-
-def _cut(pieces: list[_Piece], limit: int) -> list[bytes]:
-    """Render frames until ``limit`` visible chars were sent (split to land exactly)."""
-    frames, sent = [], 0
-    for piece in pieces:
-        if piece.terminal:
-            break  # a faulty stream never reports how it finished
-        if piece.text:
-            if sent >= limit:
-                break
-            if sent + len(piece.text) > limit:
-                frames.append(_frame(piece.make(piece.text[: limit - sent])))
-                break
-            sent += len(piece.text)
-        frames.append(_render(piece))
-    return frames
-
-
-def _render(piece: _Piece) -> bytes:
-    return _frame(piece.make(piece.text))
-
-
-def _frame(data: dict[str, Any]) -> bytes:
-    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
-
-
-def _normalise_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, str]]:
-    out = []
-    for i, call in enumerate(calls):
-        fn = call.get("function", call)  # accept the OpenAI shape too
-        args = fn.get("arguments", "")
-        out.append(
-            {
-                "id": call.get("id") or f"call_fake_{i}",
-                "name": fn["name"],
-                "arguments": args if isinstance(args, str) else json.dumps(args),
-            }
-        )
-    return out
-
-
-def _completion(reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
-    """A non-streaming chat.completion for ``stream: false`` (no faults)."""
-    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
-    if reply.reasoning:
-        message[reply.reasoning_key] = reply.reasoning
-    calls = _normalise_tool_calls(reply.tool_calls)
-    if calls:
-        message["tool_calls"] = [
-            {
-                "id": c["id"],
-                "type": "function",
-                "function": {"name": c["name"], "arguments": c["arguments"]},
-            }
-            for c in calls
-        ]
-    finish = reply.finish_reason or ("tool_calls" if calls else "stop")
-    data: dict[str, Any] = {
-        "id": "chatcmpl-fake",
-        "object": "chat.completion",
-        "created": int(time.time()),
-        "model": body.get("model", "fake-model"),
-        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
-    }
-    if reply.usage is not None:
-        data["usage"] = reply.usage
-    return data
-
-
-def _error(message: str, code: str | int) -> dict[str, Any]:
-    return {"error": {"message": message, "type": "fake_error", "code": code}}
-
-
-_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"}
-_REASONS |= {405: "Method Not Allowed", 429: "Too Many Requests", 500: "Server Error"}
-
-
-def _head(status: int, headers: dict[str, str]) -> bytes:
-    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
-    lines += [f"{name}: {value}" for name, value in headers.items()]
-    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-
-async def _read_request(
-    reader: asyncio.StreamReader,
-) -> tuple[str, str, dict[str, str], bytes] | None:
-    """Read one request; ``None`` on a clean EOF between requests."""
-    try:
-        head = await reader.readuntil(b"\r\n\r\n")
-    except asyncio.IncompleteReadError as exc:
-        if not exc.partial:
-            return None
-        raise
-    except asyncio.LimitOverrunError as exc:
-        raise ValueError("request head too large") from exc
-    if len(head) > MAX_HEADER_BYTES:
-        raise ValueError("request head too large")
-    request_line, *header_lines = head.decode("latin-1").split("\r\n")
-    method, target, _version = request_line.split(" ", 2)
-    headers = {}
-    for line in header_lines:
-        if line:
-            name, _, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-    length = int(headers.get("content-length", "0"))
-    if length > MAX_BODY_BYTES:
-        raise ValueError("request body too large")
-    body = await reader.readexactly(length) if length else b""
-    return method, target.split("?", 1)[0], headers, body

@@ -47,7 +47,8 @@ def raw_exchange(port: int, body: dict[str, Any]) -> tuple[socket.socket, bytes]
     data = json.dumps(body).encode()
     sock.sendall(
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n"
-        + f"Content-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode()
+        b"Content-Type: application/json\r\n"
+        + f"Content-Length: {len(data)}\r\n\r\n".encode()
         + data
     )
     head = b""
@@ -172,7 +173,7 @@ def test_cut_declares_a_length_it_never_meets(fake):
         body = read_to_eof(sock)
     assert declared_length(head) > len(body)
     assert content_of(body) == "Hello, "
-    assert b"finish_reason\":\"stop" not in body and b"[DONE]" not in body
+    assert b'finish_reason":"stop' not in body and b"[DONE]" not in body
     fake.wait_closed(0)
     assert fake.requests[0].closed_by == "server"
     with pytest.raises(httpx.RemoteProtocolError):
@@ -197,7 +198,7 @@ def test_cut_at_zero_dies_before_any_content(fake):
 
 def test_stall_holds_the_socket_until_the_client_closes(fake):
     fake.push(Reply(text="Hello world", stall_after_chars=5))
-    sock, head = raw_exchange(fake.port, STREAM_BODY)
+    sock, _ = raw_exchange(fake.port, STREAM_BODY)
     received = b""
     while content_of(received) != "Hello":
         received += sock.recv(65536)
@@ -235,7 +236,11 @@ def test_non_streaming_request_gets_a_completion(fake):
         f"{fake.base_url}/chat/completions", json={**STREAM_BODY, "stream": False}
     )
     message = response.json()["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": "plain", "reasoning_content": "r"}
+    assert message == {
+        "role": "assistant",
+        "content": "plain",
+        "reasoning_content": "r",
+    }
     assert response.json()["usage"]["total_tokens"] == 46
 
 

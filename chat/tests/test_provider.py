@@ -130,7 +130,11 @@ def test_5xx_exhausts_three_retries(fake):
     fake.push(*[Reply(status=500, error_body={"error": {"message": "down"}})] * 4)
     items, error, provider = run(lambda: provider_for(fake))
     assert error is not None and items == []
-    assert (error.category, error.status_code, error.retryable) == ("provider", 500, True)
+    assert (error.category, error.status_code, error.retryable) == (
+        "provider",
+        500,
+        True,
+    )
     assert "down" in error.message and not error.during_stream
     assert fake.post_count == 4 and provider.requests_started == 4
 

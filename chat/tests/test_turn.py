@@ -1,4 +1,4 @@
-"""The turn engine (DESIGN §6 rules 2–5) against the real loopback server."""
+"""The turn engine (DESIGN §6 rules 2-5) against the real loopback server."""
 
 from __future__ import annotations
 
@@ -92,14 +92,20 @@ def test_happy_path_with_reasoning_tool_calls_and_usage(fake):
     result, sink = turn(fake)
     assert result.outcome == "completed" and result.error is None
     assert result.content == "Let me add." == "".join(sink.tokens)
-    assert result.reasoning == "Arithmetic, so the calculator." == "".join(sink.thoughts)
+    assert (
+        result.reasoning == "Arithmetic, so the calculator." == "".join(sink.thoughts)
+    )
     assert result.tool_calls == [
         {
             "id": "c1",
             "type": "function",
             "function": {"name": "calculator", "arguments": '{"expression": "2+2"}'},
         },
-        {"id": "c2", "type": "function", "function": {"name": "current_time", "arguments": "{}"}},
+        {
+            "id": "c2",
+            "type": "function",
+            "function": {"name": "current_time", "arguments": "{}"},
+        },
     ]
     assert result.usage == usage and result.finish_reason == "tool_calls"
     diagnostics = result.diagnostics
@@ -132,7 +138,9 @@ def test_auth_error_fails_at_once(fake):
 
 
 def test_stream_dying_before_content_is_reopened_silently(fake):
-    fake.push(Reply(text="Hello", reasoning="r", cut_after_chars=0), Reply(text="Hello"))
+    fake.push(
+        Reply(text="Hello", reasoning="r", cut_after_chars=0), Reply(text="Hello")
+    )
     result, sink = turn(fake)
     assert result.outcome == "completed" and result.content == "Hello"
     assert result.diagnostics["transparent_retries"] == 1
@@ -186,7 +194,9 @@ def test_resume_then_completion_and_no_tool_calls_from_a_cut_stream(fake):
 
 
 def test_reasoning_only_partial_is_committed_but_not_replayed(fake):
-    fake.push(Reply(text="answer", reasoning="think", cut_after_chars=5), Reply(text="ok"))
+    fake.push(
+        Reply(text="answer", reasoning="think", cut_after_chars=5), Reply(text="ok")
+    )
     result, sink = turn(fake)
     assert result.outcome == "completed"
     assert sink.partials == [("", "think")]
@@ -301,9 +311,12 @@ def test_demo_provider_runs_a_turn():
 
 
 def test_usage_merges_by_max_within_and_sums_across_streams():
-    within = _max_usage({"prompt_tokens": 5, "completion_tokens": 1}, {"completion_tokens": 9})
+    within = _max_usage(
+        {"prompt_tokens": 5, "completion_tokens": 1}, {"completion_tokens": 9}
+    )
     assert within == {"prompt_tokens": 5, "completion_tokens": 9}
-    total = _sum_usage(_sum_usage(None, within), {"prompt_tokens": 7, "details": {"c": 1}})
+    total = _sum_usage(
+        _sum_usage(None, within), {"prompt_tokens": 7, "details": {"c": 1}}
+    )
     assert total == {"prompt_tokens": 12, "completion_tokens": 9, "details": {"c": 1}}
     assert _sum_usage(None, None) is None
-

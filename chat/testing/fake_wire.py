@@ -1,0 +1,249 @@
+"""Wire format of the fake model server: scripted replies, SSE frames, HTTP/1.1.
+
+Kept apart from ``fake_llm`` (the server, its records and its lifecycle) so
+that each stays short; nothing here does I/O except ``read_request``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+MAX_HEADER_BYTES = 64 * 1024  # more than any client of ours sends; bounds a bad peer
+MAX_BODY_BYTES = 32 * 2**20  # long conversations, not unbounded ones
+MALFORMED_FRAME = b"data: {not json\n\n"
+
+
+def _default_usage() -> dict[str, int]:
+    return {"prompt_tokens": 12, "completion_tokens": 34, "total_tokens": 46}
+
+
+@dataclass
+class Reply:
+    """One scripted answer to one POST /v1/chat/completions.
+
+    Fault fields count *visible characters*: reasoning, then content, then tool
+    call argument text, in the order they are streamed. ``cut_after_chars=0``
+    therefore dies before anything visible (only the role frame is sent).
+    At most one of ``cut_after_chars``, ``stall_after_chars`` and
+    ``malformed_after_chars`` is meant to be set. Faults apply to streaming
+    requests only.
+    """
+
+    text: str = ""
+    reasoning: str = ""
+    #: Delta key of reasoning: ``reasoning_content`` (DeepSeek, vLLM) or
+    #: ``reasoning`` (OpenRouter, Ollama).
+    reasoning_key: str = "reasoning_content"
+    #: ``{"name": str, "arguments": str | dict, "id": str (optional)}`` each.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    #: Sent as the final ``choices: []`` frame if the request asked for it.
+    usage: dict[str, Any] | None = field(default_factory=_default_usage)
+    chunk_chars: int = 4
+    #: Pace in chunks per second (a chunk stands for a token); None = no pause.
+    tokens_per_s: float | None = None
+    status: int = 200
+    retry_after: float | None = None
+    error_body: dict[str, Any] | None = None
+    #: Declare the full Content-Length, send this many chars, then close.
+    cut_after_chars: int | None = None
+    #: Send this many chars, then nothing, until the client closes.
+    stall_after_chars: int | None = None
+    #: Send this many chars, then ``data: {not json``, then close.
+    malformed_after_chars: int | None = None
+    finish_reason: str | None = None  # None: "tool_calls" if tool calls, else "stop"
+
+
+@dataclass
+class Piece:
+    """One SSE frame before rendering; ``text`` is its visible part."""
+
+    make: Callable[[str], dict[str, Any]]
+    text: str = ""
+    terminal: bool = False  # finish / usage frames: a fault strikes before them
+
+
+def build_pieces(reply: Reply, body: dict[str, Any], with_usage: bool) -> list[Piece]:
+    """The reply as ordered frames: role, reasoning, content, tools, finish, usage."""
+    created = int(time.time())
+    chunk_id = f"chatcmpl-fake-{secrets.token_hex(6)}"
+    model = body.get("model", "fake-model")
+
+    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "id": chunk_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+        }
+        if with_usage:
+            data["usage"] = None  # what OpenAI sends on every non-final chunk
+        return data
+
+    n = max(1, reply.chunk_chars)
+    pieces = [Piece(lambda _t: chunk({"role": "assistant", "content": ""}))]
+    for key, text in ((reply.reasoning_key, reply.reasoning), ("content", reply.text)):
+        for i in range(0, len(text), n):
+            pieces.append(Piece(lambda t, k=key: chunk({k: t}), text[i : i + n]))
+    for idx, call in enumerate(normalise_tool_calls(reply.tool_calls)):
+        head = {"index": idx, "id": call["id"], "type": "function"}
+        head["function"] = {"name": call["name"], "arguments": ""}
+        pieces.append(Piece(lambda _t, h=head: chunk({"tool_calls": [h]})))
+        args = call["arguments"]
+        for i in range(0, len(args), n):
+            pieces.append(
+                Piece(
+                    lambda t, i=idx: chunk(
+                        {"tool_calls": [{"index": i, "function": {"arguments": t}}]}
+                    ),
+                    args[i : i + n],
+                )
+            )
+    finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
+    pieces.append(Piece(lambda _t: chunk({}, finish), terminal=True))
+    if with_usage and reply.usage is not None:
+        usage_frame = {**chunk({}), "choices": [], "usage": reply.usage}
+        pieces.append(Piece(lambda _t: usage_frame, terminal=True))
+    return pieces
+
+
+def cut_frames(pieces: list[Piece], limit: int) -> list[bytes]:
+    """Render frames until ``limit`` visible chars were sent (split to land exactly)."""
+    frames, sent = [], 0
+    for piece in pieces:
+        if piece.terminal:
+            break  # a faulty stream never reports how it finished
+        if piece.text:
+            if sent >= limit:
+                break
+            if sent + len(piece.text) > limit:
+                frames.append(frame(piece.make(piece.text[: limit - sent])))
+                break
+            sent += len(piece.text)
+        frames.append(render(piece))
+    return frames
+
+
+def render(piece: Piece) -> bytes:
+    return frame(piece.make(piece.text))
+
+
+def frame(data: dict[str, Any]) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+def normalise_tool_calls(calls: list[dict[str, Any]]) -> list[dict[str, str]]:
+    out = []
+    for i, call in enumerate(calls):
+        fn = call.get("function", call)  # accept the OpenAI shape too
+        args = fn.get("arguments", "")
+        out.append(
+            {
+                "id": call.get("id") or f"call_fake_{i}",
+                "name": fn["name"],
+                "arguments": args if isinstance(args, str) else json.dumps(args),
+            }
+        )
+    return out
+
+
+def completion(reply: Reply, body: dict[str, Any]) -> dict[str, Any]:
+    """A non-streaming chat.completion for ``stream: false`` (no faults)."""
+    message: dict[str, Any] = {"role": "assistant", "content": reply.text}
+    if reply.reasoning:
+        message[reply.reasoning_key] = reply.reasoning
+    calls = normalise_tool_calls(reply.tool_calls)
+    if calls:
+        message["tool_calls"] = [
+            {
+                "id": c["id"],
+                "type": "function",
+                "function": {"name": c["name"], "arguments": c["arguments"]},
+            }
+            for c in calls
+        ]
+    finish = reply.finish_reason or ("tool_calls" if calls else "stop")
+    data: dict[str, Any] = {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": body.get("model", "fake-model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+    }
+    if reply.usage is not None:
+        data["usage"] = reply.usage
+    return data
+
+
+def error_payload(message: str, code: str | int) -> dict[str, Any]:
+    return {"error": {"message": message, "type": "fake_error", "code": code}}
+
+
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found"}
+_REASONS |= {405: "Method Not Allowed", 429: "Too Many Requests", 500: "Server Error"}
+
+
+def response_head(status: int, headers: dict[str, str]) -> bytes:
+    lines = [f"HTTP/1.1 {status} {_REASONS.get(status, 'Status')}"]
+    lines += [f"{name}: {value}" for name, value in headers.items()]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+async def read_request(
+    reader: asyncio.StreamReader,
+) -> tuple[str, str, dict[str, str], bytes] | None:
+    """Read one request; ``None`` on a clean EOF between requests."""
+    try:
+        head = await reader.readuntil(b"\r\n\r\n")
+    except asyncio.IncompleteReadError as exc:
+        if not exc.partial:
+            return None
+        raise
+    except asyncio.LimitOverrunError as exc:
+        raise ValueError("request head too large") from exc
+    if len(head) > MAX_HEADER_BYTES:
+        raise ValueError("request head too large")
+    request_line, *header_lines = head.decode("latin-1").split("\r\n")
+    method, target, _version = request_line.split(" ", 2)
+    headers = {}
+    for line in header_lines:
+        if line:
+            name, _, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    if length > MAX_BODY_BYTES:
+        raise ValueError("request body too large")
+    body = await reader.readexactly(length) if length else b""
+    return method, target.split("?", 1)[0], headers, body
+
+
+def plan_stream(reply: Reply, body: dict[str, Any]) -> tuple[list[bytes], int]:
+    """The SSE frames to send for ``reply`` and the Content-Length to declare.
+
+    A cut or a stall declares the length of the whole reply and never meets
+    it; a malformed reply declares exactly what it sends (only the chunk is
+    broken, not the HTTP body).
+    """
+    options = body.get("stream_options") or {}
+    pieces = build_pieces(reply, body, bool(options.get("include_usage")))
+    done = b"data: [DONE]\n\n"
+    full = b"".join(map(render, pieces)) + done
+    limits = (
+        reply.cut_after_chars,
+        reply.stall_after_chars,
+        reply.malformed_after_chars,
+    )
+    limit = next((x for x in limits if x is not None), None)
+    if limit is None:
+        return [*map(render, pieces), done], len(full)
+    frames = cut_frames(pieces, limit)
+    if reply.malformed_after_chars is not None:
+        frames.append(MALFORMED_FRAME)
+        return frames, sum(map(len, frames))
+    return frames, len(full)

@@ -1,0 +1,182 @@
+"""Real processes: a worker killed or paused mid-run, and a reader moving between servers."""
+
+import os
+import signal
+import socket
+import threading
+import time
+
+import httpx
+import pytest
+from asgiref.sync import async_to_sync
+from django.utils import timezone
+
+from chat.models import Message
+from chat.services import journal_text
+from chat.testing.fake_llm import Reply
+from chat.worker import Worker
+from hermes_site.testing import read_sse, running_run, spawn, subprocess_env, wait_until
+from journal.leases import reap_lost_runs
+from journal.models import Event, Run
+from journal.publish import append_and_publish
+
+from .test_worker import LONG, new_session, start_run, stream, text_of
+
+LEASE_S = 1.5
+
+
+def spawn_worker(fake_llm):
+    env = subprocess_env(
+        OPENAI_BASE_URL=fake_llm.base_url,
+        HERMES_DEFAULT_MODEL="fake-model",
+        HERMES_LEASE_S=str(LEASE_S),
+        HERMES_HEARTBEAT_S="0.3",
+    )
+    return spawn(["manage.py", "worker", "--concurrency", "2"], env, "running")
+
+
+def _tokens_journaled(run_id, at_least=3):
+    return Event.objects.filter(run_id=run_id, type="token").count() >= at_least
+
+
+def test_worker_killed_mid_run_is_settled_as_lost_and_the_next_turn_works(
+    server, alice, fake_llm, fast_readers
+):
+    proc = spawn_worker(fake_llm)
+    try:
+        fake_llm.push(Reply(text=LONG, tokens_per_s=40, chunk_chars=2))
+        session_id = new_session(server, alice[1])
+        run_id = start_run(server, alice[1], session_id, "talk slowly")
+        wait_until(lambda: _tokens_journaled(run_id), timeout=15)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        killed = time.monotonic()
+        events = stream(server, alice[1], run_id)
+        assert time.monotonic() - killed < LEASE_S + 3
+    finally:
+        proc.kill()
+    end = events[-1][2]
+    assert (end["status"], end["terminal_state"]) == ("interrupted", "lost-worker")
+    partial = text_of(events)
+    assert partial and LONG.startswith(partial)
+    kept = list(
+        Message.objects.filter(session_id=session_id, role="assistant").values_list(
+            "content", flat=True
+        )
+    )
+    assert kept == [partial] and end["message_id"] is not None
+
+    worker = Worker(concurrency=2)
+    server.call(worker.start())
+    try:
+        fake_llm.push(Reply(text="Fresh start."))
+        nxt = start_run(server, alice[1], session_id, "again")
+        assert text_of(stream(server, alice[1], nxt)) == "Fresh start."
+        sent = [(m["role"], m["content"]) for m in fake_llm.requests[-1].messages]
+        assert sent == [("user", "talk slowly"), ("assistant", partial), ("user", "again")]
+    finally:
+        server.call(worker.stop(grace_s=5))
+
+
+def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
+    server, alice, fake_llm
+):
+    proc = spawn_worker(fake_llm)
+    try:
+        fake_llm.push(Reply(text=LONG, tokens_per_s=40, chunk_chars=2))
+        session_id = new_session(server, alice[1])
+        run_id = start_run(server, alice[1], session_id, "talk slowly")
+        wait_until(lambda: _tokens_journaled(run_id), timeout=15)
+        proc.send_signal(signal.SIGSTOP)
+        wait_until(
+            lambda: Run.objects.filter(id=run_id, lease_expires_at__lt=timezone.now()).exists(),
+            timeout=LEASE_S + 5,
+        )
+        settled = reap_lost_runs()
+        assert [run for run, _ in settled] == [run_id]
+        after_settle = Run.objects.get(id=run_id)
+        messages_after_settle = Message.objects.filter(session_id=session_id).count()
+        proc.send_signal(signal.SIGCONT)
+        # The worker wakes, finds itself fenced out and drops the provider stream.
+        fake_llm.wait_closed(0, timeout=10)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        proc.kill()
+    run = Run.objects.get(id=run_id)
+    assert run.last_seq == after_settle.last_seq
+    assert (run.status, run.terminal_state) == ("interrupted", "lost-worker")
+    assert Event.objects.filter(run_id=run_id).order_by("-seq").first().type == "end"
+    assert Event.objects.filter(run_id=run_id, type="end").count() == 1
+    assert Message.objects.filter(session_id=session_id).count() == messages_after_settle
+    kept = "".join(
+        Message.objects.filter(session_id=session_id, role="assistant").values_list(
+            "content", flat=True
+        )
+    )
+    assert kept == journal_text(run_id=run_id)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.scaleout
+@pytest.mark.skipif(
+    not (os.environ.get("DATABASE_URL") and os.environ.get("REDIS_URL")),
+    reason="the scale-out deployment needs DATABASE_URL and REDIS_URL (CI sets them)",
+)
+def test_reader_switches_between_two_server_processes_with_last_event_id(alice):
+    ports = [_free_port(), _free_port()]
+    servers = [
+        spawn(
+            ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "hermes_site.asgi:application"],
+            subprocess_env(),
+            "Listening on TCP address",
+        )
+        for port in ports
+    ]
+    run = running_run(alice[0])
+    total = 400
+    try:
+
+        def write():
+            for i in range(0, total, 10):
+                async_to_sync(append_and_publish)(
+                    run_id=run.id,
+                    token=1,
+                    events=[("token", {"text": f"w{j} "}) for j in range(i, i + 10)],
+                )
+            async_to_sync(append_and_publish)(
+                run_id=run.id,
+                token=1,
+                events=[("end", {"status": "completed", "terminal_state": "completed"})],
+            )
+
+        writer = threading.Thread(target=write)
+        writer.start()
+        collected, last_id, hops = [], None, 0
+        while not collected or collected[-1][1] != "end":
+            port = ports[hops % 2]
+            headers = {**alice[1], **({"Last-Event-ID": last_id} if last_id else {})}
+            result = read_sse(
+                f"http://127.0.0.1:{port}/api/runs/{run.id}/events/",
+                headers=headers,
+                max_events=37 if hops < 8 else None,
+            )
+            assert result.status == 200
+            collected += result.events
+            last_id = collected[-1][0]
+            hops += 1
+        writer.join(30)
+    finally:
+        for proc in servers:
+            proc.terminate()
+            proc.wait(10)
+    assert hops >= 2
+    assert [e[0] for e in collected] == [f"{run.id}:{n}" for n in range(1, total + 2)]
+    assert "".join(e[2]["text"] for e in collected if e[1] == "token") == "".join(
+        f"w{j} " for j in range(total)
+    )
