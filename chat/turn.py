@@ -21,7 +21,7 @@ import contextlib
 import logging
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Protocol
 
@@ -319,6 +319,8 @@ async def _stream_once(
             reader.cancel()
             await asyncio.wait({reader})  # its finally blocks close the response
     if waiter in done or cancel.is_set():  # rule 4: cancel wins every race
+        if not reader.cancelled():
+            reader.exception()  # retrieved: a fault that lost the race is moot
         return _cancelled()
     if reader not in done:
         return ProviderError(TIMEOUT, f"stream exceeded the {max_seconds:g} s cap")
@@ -344,7 +346,7 @@ async def _read(
 ) -> None:
     """Consume one stream into ``attempt``, handing text to the sink."""
     stream = provider.stream(model, messages, tools, stats=stats)
-    async with contextlib.aclosing(stream) as items:  # type: ignore[type-var]
+    async with contextlib.aclosing(stream) as items:
         async for item in items:
             if isinstance(item, ContentDelta):
                 attempt.content.append(item.text)
@@ -387,7 +389,9 @@ def _sum_usage(
     return _merge(total or {}, stream, lambda a, b: a + b)
 
 
-def _merge(a: dict[str, Any], b: dict[str, Any], combine: Any) -> dict[str, Any]:
+def _merge(
+    a: dict[str, Any], b: dict[str, Any], combine: Callable[[Any, Any], Any]
+) -> dict[str, Any]:
     out = dict(a)
     for key, value in b.items():
         old = out.get(key)

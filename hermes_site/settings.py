@@ -180,4 +180,6 @@ HERMES = {
     # Whether `serve` runs the turn worker inside the web process.
     "EMBEDDED_WORKER": env.bool("HERMES_EMBEDDED_WORKER", default=True),
     "MAX_MESSAGE_CHARS": env.int("HERMES_MAX_MESSAGE_CHARS", default=100_000),
+    # Tools the model may call; unset means every safe built-in.
+    "TOOLS": env.list("HERMES_TOOLS", default=None),
 }

@@ -9,7 +9,7 @@ seven the journal records.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
 
@@ -124,7 +124,7 @@ class Provider(Protocol):
         tools: list[dict[str, Any]] | None = None,
         *,
         stats: RequestStats | None = None,
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         """Yield the items of one completion; see the module docstring."""
         ...
 

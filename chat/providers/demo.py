@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from chat.providers.base import (
@@ -54,7 +54,7 @@ class DemoProvider:
         tools: list[dict[str, Any]] | None = None,
         *,
         stats: RequestStats | None = None,
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         """Yield the scripted step for this point of the conversation."""
         self.requests_started += 1
         if stats is not None:

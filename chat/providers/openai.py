@@ -24,7 +24,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncGenerator, Iterator
 from typing import Any
 
 import httpx
@@ -149,7 +149,7 @@ class OpenAIProvider:
         tools: list[dict[str, Any]] | None = None,
         *,
         stats: RequestStats | None = None,
-    ) -> AsyncIterator[StreamItem]:
+    ) -> AsyncGenerator[StreamItem, None]:
         """Stream one completion; see the module docstring for the error contract."""
         stats = stats if stats is not None else RequestStats()
         body: dict[str, Any] = {
@@ -217,7 +217,9 @@ class OpenAIProvider:
         delay = self.backoff_base * 2**attempt
         return min(self.backoff_cap, delay * random.uniform(1 - JITTER, 1 + JITTER))
 
-    async def _items(self, response: httpx.Response) -> AsyncIterator[StreamItem]:
+    async def _items(
+        self, response: httpx.Response
+    ) -> AsyncGenerator[StreamItem, None]:
         """Parse SSE frames into stream items, translating transport faults."""
         done = finished = False
         try:

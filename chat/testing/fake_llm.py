@@ -281,54 +281,65 @@ class FakeLLM:
         authorised = not self.api_key or (
             headers.get("authorization") == f"Bearer {self.api_key}"
         )
-        if method == "POST" and path.rstrip("/") == "/v1/chat/completions":
-            try:
-                body = json.loads(raw or b"{}")
-            except ValueError:
-                body = {"_unparsed": raw.decode("utf-8", "replace")}
-            with self._cond:
-                rec = RecordedRequest(
-                    len(self._records), path, headers, body, time.monotonic()
-                )
-                self._records.append(rec)
-                self._cond.notify_all()
-                reply = None
-                if authorised and "_unparsed" not in body:
-                    reply = self._queue.popleft() if self._queue else self._default
+        route = path.rstrip("/")
+        if method == "POST" and route == "/v1/chat/completions":
+            rec, reply = self._record(path, headers, raw, authorised)
             served.append(rec)
-            if not authorised:
-                await self._send_error(writer, rec, 401, "invalid api key", "auth")
-                return True, False
-            if reply is None:
-                await self._send_error(writer, rec, 400, "body is not JSON", "bad")
-                return True, False
-            if reply.status != 200:
-                await self._send_scripted_error(writer, rec, reply)
-                return True, False
-            if not body.get("stream"):
-                await self._send_json(writer, 200, completion(reply, body), rec)
-                return True, False
+            return await self._chat(rec, reply, authorised, reader, writer)
+        if route == "/v1/models" and method == "GET" and authorised:
+            models = [
+                {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
+                for m in self.models
+            ]
+            await self._send_json(writer, 200, {"object": "list", "data": models})
+        elif route == "/v1/models":
+            status = 401 if method == "GET" else 405
+            problem = error_payload(
+                "invalid api key" if status == 401 else "use GET", status
+            )
+            await self._send_json(writer, status, problem)
+        else:
+            problem = error_payload(f"no route {method} {path}", "not_found")
+            await self._send_json(writer, 404, problem)
+        return True, False
+
+    def _record(
+        self, path: str, headers: dict[str, str], raw: bytes, authorised: bool
+    ) -> tuple[RecordedRequest, Reply | None]:
+        """Record a POST and take its scripted reply (none if refused)."""
+        try:
+            body = json.loads(raw or b"{}")
+        except ValueError:
+            body = {"_unparsed": raw.decode("utf-8", "replace")}
+        with self._cond:
+            rec = RecordedRequest(
+                len(self._records), path, headers, body, time.monotonic()
+            )
+            self._records.append(rec)
+            self._cond.notify_all()
+            if not authorised or "_unparsed" in body:
+                return rec, None
+            return rec, self._queue.popleft() if self._queue else self._default
+
+    async def _chat(
+        self,
+        rec: RecordedRequest,
+        reply: Reply | None,
+        authorised: bool,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+    ) -> tuple[bool, bool]:
+        if not authorised:
+            await self._send_error(writer, rec, 401, "invalid api key", "auth")
+        elif reply is None:
+            await self._send_error(writer, rec, 400, "body is not JSON", "bad")
+        elif reply.status != 200:
+            await self._send_scripted_error(writer, rec, reply)
+        elif not rec.body.get("stream"):
+            await self._send_json(writer, 200, completion(reply, rec.body), rec)
+        else:
             client_closed = await _StreamWriter(self, rec, reply, reader, writer).run()
             return False, client_closed
-        if path.rstrip("/") == "/v1/models":
-            if method != "GET":
-                await self._send_json(
-                    writer, 405, error_payload("use GET", "bad_method")
-                )
-            elif not authorised:
-                await self._send_json(
-                    writer, 401, error_payload("invalid api key", "auth")
-                )
-            else:
-                models = [
-                    {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
-                    for m in self.models
-                ]
-                await self._send_json(writer, 200, {"object": "list", "data": models})
-            return True, False
-        await self._send_json(
-            writer, 404, error_payload(f"no route {path}", "not_found")
-        )
         return True, False
 
     async def _send_scripted_error(
@@ -403,28 +414,24 @@ class _StreamWriter:
                 self.fake._update(self.rec, stall_at=time.monotonic())
                 await self.peer_closed.wait()
         except ConnectionError:
-            self.peer_closed.set()
+            self._peer_gone()
         finally:
             watcher.cancel()
-        if self.peer_closed.is_set():
-            self.fake._update(self.rec, closed_at=time.monotonic(), closed_by="client")
         return self.peer_closed.is_set()
 
     async def _send(self, head: bytes, frames: list[bytes]) -> None:
         self.writer.write(head)
         interval = 1 / self.reply.tokens_per_s if self.reply.tokens_per_s else 0.0
         next_at = time.monotonic()
-        for i, frame in enumerate(frames, 1):
+        for frame in frames:
             if interval and frame.startswith(b"data: {"):
                 next_at += interval
-                delay = next_at - time.monotonic()
-                if delay > 0:
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self.peer_closed.wait(), delay)
+                # A plain sleep: the EOF watcher records a close on its own.
+                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
             if self.peer_closed.is_set():
                 return
-            if i == len(frames):  # recorded first: the client may read it at once
-                self.fake._update(self.rec, last_byte_at=time.monotonic())
+            # Set before the write, so a client that read the frame finds it.
+            self.rec.last_byte_at = time.monotonic()  # a float store is atomic
             self.writer.write(frame)
             await self.writer.drain()
 
@@ -434,4 +441,9 @@ class _StreamWriter:
         with contextlib.suppress(ConnectionError):
             while await self.reader.read(4096):
                 pass
-        self.peer_closed.set()
+        self._peer_gone()
+
+    def _peer_gone(self) -> None:
+        if not self.peer_closed.is_set():
+            self.peer_closed.set()
+            self.fake._update(self.rec, closed_at=time.monotonic(), closed_by="client")

@@ -10,7 +10,6 @@ import asyncio
 import json
 import secrets
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,61 +58,81 @@ class Reply:
     finish_reason: str | None = None  # None: "tool_calls" if tool calls, else "stop"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Piece:
-    """One SSE frame before rendering; ``text`` is its visible part."""
+    """One SSE frame before rendering.
 
-    make: Callable[[str], dict[str, Any]]
+    ``delta`` is the frame's delta with its visible ``text`` left out; ``slot``
+    says where the text goes, so a fault can send a shortened copy.
+    """
+
+    delta: dict[str, Any] = field(default_factory=dict)
     text: str = ""
+    slot: str = ""  # "reasoning_content" / "reasoning" / "content" / "arguments"
+    finish: str | None = None
+    usage: dict[str, Any] | None = None
     terminal: bool = False  # finish / usage frames: a fault strikes before them
 
+    def with_text(self, text: str) -> dict[str, Any]:
+        if self.slot == "arguments":
+            (call,) = self.delta["tool_calls"]
+            return {"tool_calls": [{**call, "function": {"arguments": text}}]}
+        return {**self.delta, self.slot: text} if self.slot else self.delta
 
-def build_pieces(reply: Reply, body: dict[str, Any], with_usage: bool) -> list[Piece]:
+
+def build_pieces(reply: Reply) -> list[Piece]:
     """The reply as ordered frames: role, reasoning, content, tools, finish, usage."""
-    created = int(time.time())
-    chunk_id = f"chatcmpl-fake-{secrets.token_hex(6)}"
-    model = body.get("model", "fake-model")
-
-    def chunk(delta: dict[str, Any], finish: str | None = None) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "id": chunk_id,
-            "object": "chat.completion.chunk",
-            "created": created,
-            "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
-        }
-        if with_usage:
-            data["usage"] = None  # what OpenAI sends on every non-final chunk
-        return data
-
     n = max(1, reply.chunk_chars)
-    pieces = [Piece(lambda _t: chunk({"role": "assistant", "content": ""}))]
+    pieces = [Piece({"role": "assistant", "content": ""})]
     for key, text in ((reply.reasoning_key, reply.reasoning), ("content", reply.text)):
-        for i in range(0, len(text), n):
-            pieces.append(Piece(lambda t, k=key: chunk({k: t}), text[i : i + n]))
+        pieces += [
+            Piece(text=text[i : i + n], slot=key) for i in range(0, len(text), n)
+        ]
     for idx, call in enumerate(normalise_tool_calls(reply.tool_calls)):
         head = {"index": idx, "id": call["id"], "type": "function"}
         head["function"] = {"name": call["name"], "arguments": ""}
-        pieces.append(Piece(lambda _t, h=head: chunk({"tool_calls": [h]})))
-        args = call["arguments"]
-        for i in range(0, len(args), n):
-            pieces.append(
-                Piece(
-                    lambda t, i=idx: chunk(
-                        {"tool_calls": [{"index": i, "function": {"arguments": t}}]}
-                    ),
-                    args[i : i + n],
-                )
-            )
+        pieces.append(Piece({"tool_calls": [head]}))
+        args, arg_delta = call["arguments"], {"tool_calls": [{"index": idx}]}
+        pieces += [
+            Piece(arg_delta, args[i : i + n], "arguments")
+            for i in range(0, len(args), n)
+        ]
     finish = reply.finish_reason or ("tool_calls" if reply.tool_calls else "stop")
-    pieces.append(Piece(lambda _t: chunk({}, finish), terminal=True))
-    if with_usage and reply.usage is not None:
-        usage_frame = {**chunk({}), "choices": [], "usage": reply.usage}
-        pieces.append(Piece(lambda _t: usage_frame, terminal=True))
+    pieces.append(Piece(finish=finish, terminal=True))
+    if reply.usage is not None:
+        pieces.append(Piece(usage=reply.usage, terminal=True))
     return pieces
 
 
-def cut_frames(pieces: list[Piece], limit: int) -> list[bytes]:
+class Renderer:
+    """Turns pieces into ``data:`` frames for one request (id, model, usage)."""
+
+    def __init__(self, body: dict[str, Any]) -> None:
+        options = body.get("stream_options") or {}
+        self.with_usage = bool(options.get("include_usage"))
+        self.base = {
+            "id": f"chatcmpl-fake-{secrets.token_hex(6)}",
+            "object": "chat.completion.chunk",
+            "created": int(time.time()),
+            "model": body.get("model", "fake-model"),
+        }
+
+    def wanted(self, piece: Piece) -> bool:
+        """A usage frame is sent only if the request asked for it."""
+        return piece.usage is None or self.with_usage
+
+    def __call__(self, piece: Piece, text: str | None = None) -> bytes:
+        if piece.usage is not None:
+            return frame({**self.base, "choices": [], "usage": piece.usage})
+        delta = piece.with_text(piece.text if text is None else text)
+        choice = {"index": 0, "delta": delta, "finish_reason": piece.finish}
+        data: dict[str, Any] = {**self.base, "choices": [choice]}
+        if self.with_usage:
+            data["usage"] = None  # what OpenAI sends on every non-final chunk
+        return frame(data)
+
+
+def cut_frames(pieces: list[Piece], limit: int, render: Renderer) -> list[bytes]:
     """Render frames until ``limit`` visible chars were sent (split to land exactly)."""
     frames, sent = [], 0
     for piece in pieces:
@@ -123,15 +142,11 @@ def cut_frames(pieces: list[Piece], limit: int) -> list[bytes]:
             if sent >= limit:
                 break
             if sent + len(piece.text) > limit:
-                frames.append(frame(piece.make(piece.text[: limit - sent])))
+                frames.append(render(piece, piece.text[: limit - sent]))
                 break
             sent += len(piece.text)
         frames.append(render(piece))
     return frames
-
-
-def render(piece: Piece) -> bytes:
-    return frame(piece.make(piece.text))
 
 
 def frame(data: dict[str, Any]) -> bytes:
@@ -230,8 +245,8 @@ def plan_stream(reply: Reply, body: dict[str, Any]) -> tuple[list[bytes], int]:
     it; a malformed reply declares exactly what it sends (only the chunk is
     broken, not the HTTP body).
     """
-    options = body.get("stream_options") or {}
-    pieces = build_pieces(reply, body, bool(options.get("include_usage")))
+    render = Renderer(body)
+    pieces = [p for p in build_pieces(reply) if render.wanted(p)]
     done = b"data: [DONE]\n\n"
     full = b"".join(map(render, pieces)) + done
     limits = (
@@ -242,7 +257,7 @@ def plan_stream(reply: Reply, body: dict[str, Any]) -> tuple[list[bytes], int]:
     limit = next((x for x in limits if x is not None), None)
     if limit is None:
         return [*map(render, pieces), done], len(full)
-    frames = cut_frames(pieces, limit)
+    frames = cut_frames(pieces, limit, render)
     if reply.malformed_after_chars is not None:
         frames.append(MALFORMED_FRAME)
         return frames, sum(map(len, frames))

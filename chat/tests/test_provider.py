@@ -56,7 +56,7 @@ async def collect(
     return items, None
 
 
-def text(items: list[Any], kind: type) -> str:
+def text(items: list[Any], kind: type[ContentDelta | ReasoningDelta]) -> str:
     return "".join(i.text for i in items if isinstance(i, kind))
 
 
@@ -269,7 +269,7 @@ def test_demo_provider_calls_the_clock_then_answers():
         tools = [{"type": "function", "function": {"name": "current_time"}}]
         first, error = await collect(demo, tools=tools)
         assert error is None
-        followup = [
+        followup: list[dict[str, Any]] = [
             *MESSAGES,
             {"role": "assistant", "content": "", "tool_calls": []},
             {"role": "tool", "tool_call_id": "call_demo_time", "content": "noon"},

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from datetime import datetime
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ def machine_tool():
     tools.unregister(tool.name)
 
 
-def call(name: str, args: object = None, **kwargs: object) -> tuple[str, bool]:
+def call(name: str, args: object = None, **kwargs: Any) -> tuple[str, bool]:
     raw = args if isinstance(args, str) else json.dumps(args or {})
     return asyncio.run(run_tool(name, raw, **kwargs))
 

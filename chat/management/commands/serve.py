@@ -55,5 +55,4 @@ class Command(BaseCommand):
             application=ASGIStaticFilesHandler(application),
             endpoints=[f"tcp:port={port}:interface={host}"],
             ready_callable=ready,
-            action_logs=False,
         ).run()
