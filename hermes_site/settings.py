@@ -5,12 +5,14 @@ the in-process worker and the `demo` model. Scale-out: `DATABASE_URL` (PostgreSQ
 and `REDIS_URL` (channels_redis). Nothing here connects to anything.
 """
 
+import os
 from pathlib import Path
 
 import environ
 
 BASE_DIR = Path(__file__).resolve().parent.parent
-VAR_DIR = BASE_DIR / "var"
+VAR_DIR = BASE_DIR / "var"  # local state: generated secret key, test databases
+VAR_DIR.mkdir(exist_ok=True)
 
 env = environ.Env()
 
@@ -18,7 +20,6 @@ SECRET_KEY = env.str("HERMES_SECRET_KEY", default="")
 if not SECRET_KEY:
     # A per-install key kept beside the database, so sessions survive restarts
     # without anyone having to invent a secret on a fresh machine.
-    VAR_DIR.mkdir(exist_ok=True)
     _key_file = VAR_DIR / "secret_key"
     if not _key_file.exists():
         from django.core.management.utils import get_random_secret_key
@@ -88,10 +89,13 @@ DATABASES = {
         default=f"sqlite:///{env.str('HERMES_SQLITE_PATH', default=str(BASE_DIR / 'db.sqlite3'))}",
     )
 }
+# Test databases are per test process, so concurrent suites never share one.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = SQLITE_OPTIONS
     # A file, not shared-cache memory: tests run a real server in other threads.
-    DATABASES["default"]["TEST"] = {"NAME": str(BASE_DIR / "var" / "test-db.sqlite3")}
+    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")}
+else:
+    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="")

@@ -285,3 +285,33 @@ def test_websocket_refuses_other_users_and_foreign_origins(server, alice, bob):
     assert frames == [] and code == 1000
     with pytest.raises(Exception, match="403"):
         ws_read(server, run, alice[1], origin="http://evil.example")
+
+
+def test_readers_fall_back_to_polling_when_the_channel_layer_fails(
+    server, alice, fast_readers, settings
+):
+    # A Redis layer on a port where nothing listens: every layer call fails.
+    settings.CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": ["redis://127.0.0.1:1/0"]},
+        }
+    }
+    run = running_run(alice[0])
+    feed(server, run, tokens(3), publish=False)
+    assert server.call(_hub_joined_layer(run.id)) is False
+    out = []
+    reader = _reader(server, run, alice[1], out)
+    for i in range(3, 30, 3):
+        feed(server, run, tokens(3, start=i), publish=False)
+    feed(server, run, [END], publish=False)
+    reader.join(30)
+    assert seqs(out[0]) == list(range(1, 32))
+
+
+async def _hub_joined_layer(run_id):
+    hub = await hubs().acquire(run_id)
+    try:
+        return hub.layer_ok
+    finally:
+        await hubs().release(hub)
