@@ -30,6 +30,7 @@ log = logging.getLogger(__name__)
 # Recent events each hub keeps for its live readers; readers further behind read
 # the journal in pages. Bounds a hub's memory whatever the run's length.
 WINDOW = 4096
+HUB_RETRY_S = 1.0  # before replacing a hub whose follow task failed (database down?)
 
 
 class RunHub:
@@ -51,6 +52,11 @@ class RunHub:
     @property
     def tail(self) -> int:
         return self.base + len(self.window)
+
+    @property
+    def dead(self) -> bool:
+        """The follow task ended without seeing `end` (it logged why)."""
+        return self._task is not None and self._task.done() and self.end_seq is None
 
     def start(self) -> None:
         self._task = asyncio.create_task(self._follow(), name=f"hub {self.run_id}")
@@ -185,7 +191,7 @@ class HubRegistry:
 
     async def acquire(self, run_id: str) -> RunHub:
         hub = self._hubs.get(run_id)
-        if hub is None:
+        if hub is None or hub.dead:
             hub = self._hubs[run_id] = RunHub(run_id)
             hub.start()
         hub.readers += 1
@@ -194,8 +200,9 @@ class HubRegistry:
 
     async def release(self, hub: RunHub) -> None:
         hub.readers -= 1
-        if hub.readers == 0 and self._hubs.get(hub.run_id) is hub:
-            del self._hubs[hub.run_id]
+        if hub.readers == 0:
+            if self._hubs.get(hub.run_id) is hub:
+                del self._hubs[hub.run_id]
             await hub.stop()
 
     async def page(self, run_id: str, after_seq: int) -> list[Record]:
@@ -242,6 +249,11 @@ async def subscribe(
                 batch = hub.window[start : start + READ_PAGE]
             elif hub.end_seq is not None:
                 break
+            elif hub.dead:  # replace it (after a pause: it failed for a reason)
+                await asyncio.sleep(HUB_RETRY_S)
+                await registry.release(hub)
+                hub = await registry.acquire(run_id)
+                continue
             else:
                 await hub.wait_changed(idle_s or 3600)
                 if cursor >= hub.tail and (hub.end_seq is None or cursor < hub.end_seq):
