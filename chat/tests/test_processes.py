@@ -25,14 +25,14 @@ from .test_worker import LONG, new_session, start_run, stream, text_of
 LEASE_S = 1.5
 
 
-def spawn_worker(fake_llm):
+def spawn_worker(fake_llm, *extra: str):
     env = subprocess_env(
         OPENAI_BASE_URL=fake_llm.base_url,
         HERMES_DEFAULT_MODEL="fake-model",
         HERMES_LEASE_S=str(LEASE_S),
         HERMES_HEARTBEAT_S="0.3",
     )
-    return spawn(["manage.py", "worker", "--concurrency", "2"], env, "running")
+    return spawn(["manage.py", "worker", "--concurrency", "2", *extra], env, "running")
 
 
 def _tokens_journaled(run_id, at_least=3):
@@ -76,6 +76,30 @@ def test_worker_killed_mid_run_is_settled_as_lost_and_the_next_turn_works(
         assert sent == [("user", "talk slowly"), ("assistant", partial), ("user", "again")]
     finally:
         server.call(worker.stop(grace_s=5))
+
+
+def test_sigterm_stops_claiming_and_settles_what_outlives_the_grace_period(
+    server, alice, fake_llm
+):
+    proc = spawn_worker(fake_llm, "--grace", "0.5")
+    try:
+        fake_llm.push(Reply(text=LONG, tokens_per_s=40, chunk_chars=2))
+        session_id = new_session(server, alice[1])
+        run_id = start_run(server, alice[1], session_id, "talk slowly")
+        wait_until(lambda: _tokens_journaled(run_id), timeout=15)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        proc.kill()
+    events = stream(server, alice[1], run_id)
+    end = events[-1][2]
+    assert (end["status"], end["terminal_state"]) == ("interrupted", "worker-shutdown")
+    kept = list(
+        Message.objects.filter(session_id=session_id, role="assistant").values_list(
+            "content", flat=True
+        )
+    )
+    assert kept == [text_of(events)]
 
 
 def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
