@@ -13,12 +13,13 @@ Readers hold no thread and no connection: journal reads go through
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator
 
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from . import dbpool
+from . import dbpool, metrics
 from .events import TERMINAL
 from .leases import run_settle
 from .models import Run
@@ -218,6 +219,32 @@ class HubRegistry:
         return await asyncio.shield(future)
 
 
+class _JournalPages:
+    """One reader's journal pages, the next one read while this one is sent."""
+
+    def __init__(self, registry: HubRegistry, run_id: str):
+        self.registry, self.run_id = registry, run_id
+        self._next: tuple[int, asyncio.Future] | None = None
+
+    async def after(self, cursor: int, *, prefetch_below: int) -> list[Record]:
+        if self._next is not None and self._next[0] == cursor:
+            future = self._next[1]
+            self._next = None
+        else:
+            self.close()
+            future = asyncio.ensure_future(self.registry.page(self.run_id, cursor))
+        batch = await future
+        if len(batch) == READ_PAGE and batch[-1].seq < prefetch_below:
+            after = batch[-1].seq
+            self._next = (after, asyncio.ensure_future(self.registry.page(self.run_id, after)))
+        return batch
+
+    def close(self) -> None:
+        if self._next is not None:
+            self._next[1].cancel()
+            self._next = None
+
+
 _registries: dict[asyncio.AbstractEventLoop, HubRegistry] = {}
 
 
@@ -238,12 +265,15 @@ async def subscribe(
     heartbeat. Leaves the group on every exit path, a client disconnect included.
     """
     registry = hubs()
+    started = time.monotonic()  # replay latency: until the first journaled batch
     hub = await registry.acquire(run_id)
+    metrics.SUBSCRIPTIONS.inc()
+    pages = _JournalPages(registry, run_id)
     try:
         cursor = after_seq
         while hub.end_seq is None or cursor < hub.end_seq:
             if cursor < hub.base:
-                batch = await registry.page(run_id, cursor)
+                batch = await pages.after(cursor, prefetch_below=hub.base)
             elif cursor < hub.tail:
                 start = cursor - hub.base
                 batch = hub.window[start : start + READ_PAGE]
@@ -255,6 +285,7 @@ async def subscribe(
                 hub = await registry.acquire(run_id)
                 continue
             else:
+                started = 0.0  # waiting for news: not a replay any more
                 await hub.wait_changed(idle_s or 3600)
                 if cursor >= hub.tail and (hub.end_seq is None or cursor < hub.end_seq):
                     yield []
@@ -262,8 +293,13 @@ async def subscribe(
             if not batch:  # the journal has less than the hub knew: pruned
                 return
             cursor = batch[-1].seq
+            if started:
+                metrics.REPLAY_FIRST_BATCH_S.observe(time.monotonic() - started)
+                started = 0.0
             yield batch
             if batch[-1].type == TERMINAL:
                 return
     finally:
+        pages.close()
+        metrics.SUBSCRIPTIONS.dec()
         await registry.release(hub)
