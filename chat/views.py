@@ -11,15 +11,20 @@ it on the account page; that switch is the existence of the auth `Group` named
 """
 
 import functools
+import mimetypes
 import os
+import posixpath
+from pathlib import Path
 
 from django import forms
 from django.contrib.auth import get_user_model, login
+from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import Group
+from django.contrib.staticfiles import finders
 from django.db import transaction
-from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 from rest_framework.authtoken.models import Token
@@ -58,7 +63,7 @@ def with_csp(view):
 
 
 def signup_is_open() -> bool:
-    """Sign-up is open to the first user, then only if the env flag or an admin says so."""
+    """Open to the first user; then only if the env flag or an admin says so."""
     if not get_user_model().objects.exists():
         return True
     if os.environ.get("HERMES_OPEN_SIGNUP", "").lower() in {"1", "true", "yes", "on"}:
@@ -101,6 +106,15 @@ class SignupForm(UserCreationForm):
         fields = ("username",)
 
 
+class LoginView(auth_views.LoginView):
+    """django.contrib.auth's login, linking to sign-up only while it is open."""
+
+    redirect_authenticated_user = True
+
+    def get_context_data(self, **kwargs):
+        return {**super().get_context_data(**kwargs), "signup_open": signup_is_open()}
+
+
 @with_csp
 @login_required
 def chat_page(request: HttpRequest, session_id: int | None = None) -> HttpResponse:
@@ -123,7 +137,9 @@ def signup(request: HttpRequest) -> HttpResponse:
         login(request, user, backend="django.contrib.auth.backends.ModelBackend")
         return redirect("chat")
     first = not get_user_model().objects.exists()
-    return render(request, "registration/signup.html", {"form": form, "first_user": first})
+    return render(
+        request, "registration/signup.html", {"form": form, "first_user": first}
+    )
 
 
 class SignupSwitchForm(forms.Form):
@@ -159,10 +175,37 @@ def account(request: HttpRequest) -> HttpResponse:
         "chat/account.html",
         {
             "new_key": new_key,
-            "token_prefix": token.key[:TOKEN_SHOWN_CHARS] if token and not new_key else "",
+            "token_prefix": token.key[:TOKEN_SHOWN_CHARS]
+            if token and not new_key
+            else "",
             "signup_open": signup_is_open(),
             "signup_env": bool(os.environ.get("HERMES_OPEN_SIGNUP")),
         },
     )
     response["Cache-Control"] = "no-store"  # a page that may carry a new key
+    return response
+
+
+def static_file(request: HttpRequest, path: str) -> HttpResponse:
+    """A file of the static finders, for ASGI servers that do not serve them.
+
+    `manage.py serve` answers `/static/` itself (`ASGIStaticFilesHandler`);
+    this serves the same files under uvicorn or a bare daphne. The files are
+    small, so they are sent whole: Django's own `serve` streams a file through
+    a sync iterator, which the ASGI handler warns about on every request.
+    """
+    relative = posixpath.normpath(path).lstrip("/")
+    found = (
+        finders.find(relative) if relative and not relative.startswith("..") else None
+    )
+    if not found or not Path(found).is_file():
+        raise Http404(f"no static file {path!r}")
+    content_type, encoding = mimetypes.guess_type(found)
+    response = HttpResponse(
+        Path(found).read_bytes(),
+        content_type=content_type or "application/octet-stream",
+    )
+    if encoding:
+        response["Content-Encoding"] = encoding
+    response["Cache-Control"] = "no-cache"  # revalidate: no build step adds hashes
     return response

@@ -7,6 +7,7 @@
 import DOMPurify from "../../vendor/dompurify/purify.es.js";
 import hljs from "../../vendor/highlight/highlight.min.js";
 import { Marked } from "../../vendor/marked/marked.esm.js";
+import { copyText } from "./clipboard.js";
 
 const markdown = new Marked({ gfm: true, breaks: false, async: false });
 
@@ -64,25 +65,6 @@ function decorateCodeBlock(code, highlight) {
   copy.textContent = "Copy";
   bar.append(label, copy);
   pre.prepend(bar);
-}
-
-/** Put `text` on the clipboard; true when it worked. */
-export async function copyText(text) {
-  try {
-    await navigator.clipboard.writeText(text);
-    return true;
-  } catch {
-    // Older browsers or an insecure origin: the selection fallback.
-    const area = document.createElement("textarea");
-    area.value = text;
-    area.setAttribute("readonly", "");
-    area.className = "offscreen";
-    document.body.append(area);
-    area.select();
-    const done = document.execCommand("copy");
-    area.remove();
-    return done;
-  }
 }
 
 /** One delegated listener serves every copy button under `root`. */

@@ -10,8 +10,9 @@
  *    When it gives up (CLOSED: an HTTP error, or 204 at the end) ask the run's
  *    status: a finished run's remaining events come from `events.json`, a live
  *    one is re-attached with `after_seq=<last applied>`.
- * 4. `check()` (on visibilitychange, online, pageshow) re-attaches a dead
- *    stream and catches up a stream that fell silent behind the journal.
+ * 4. `check()` (on visibilitychange, online, pageshow) re-attaches a dead or
+ *    suspended (offline) stream and catches up one that fell silent behind
+ *    the journal.
  * 5. After `end` the stream closes and reports it.
  */
 import { api, urls } from "./api.js";
@@ -77,6 +78,17 @@ export class RunStream {
     clearTimeout(this.retryTimer);
     this.#closeSource();
     this.onState("closed");
+  }
+
+  /**
+   * The network is gone (the `offline` event): drop the connection now rather
+   * than wait for it to time out; `check()` re-attaches when it is back.
+   */
+  suspend() {
+    if (!this.active) return;
+    clearTimeout(this.retryTimer);
+    this.#closeSource();
+    this.onState("offline");
   }
 
   get active() {

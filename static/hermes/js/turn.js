@@ -49,6 +49,7 @@ export class TurnView {
     this.cards = new Map(); // tool_call_id -> card parts
     this.renderTimer = null;
     this.dirty = new Set();
+    this.decorated = false; // the run's outcome (status, usage, error) is shown
   }
 
   /** Mark the turn as streaming (a caret, `data-streaming` for tests and CSS). */
@@ -145,8 +146,12 @@ export class TurnView {
     }
     if (model) parts.push(["model", model]);
     if (tokensPerS) parts.push(["speed", `${tokensPerS.toFixed(1)} tok/s`]);
-    if (usage && (usage.input_tokens != null || usage.output_tokens != null)) {
-      parts.push(["usage", `${usage.input_tokens ?? "?"} in · ${usage.output_tokens ?? "?"} out`]);
+    // The `usage` event says input/output; a run's status keeps the provider's
+    // prompt/completion names.
+    const input = usage ? usage.input_tokens ?? usage.prompt_tokens : null;
+    const output = usage ? usage.output_tokens ?? usage.completion_tokens : null;
+    if (input != null || output != null) {
+      parts.push(["usage", `${input ?? "?"} in · ${output ?? "?"} out`]);
     }
     this.meta.replaceChildren(
       ...parts.map(([key, value]) => {
