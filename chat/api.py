@@ -7,6 +7,7 @@ session answers 404. Bad input answers a 4xx JSON error naming the problem.
 import json
 
 from django.conf import settings
+from django.db.models import OuterRef, Subquery
 from django.urls import reverse
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import generics, serializers, status
@@ -51,10 +52,25 @@ def _session_for(request, session_id) -> ChatSession:
 
 
 class SessionSerializer(serializers.ModelSerializer):
+    # The queued or running run, if any: every tab's "running" mark on first load.
+    active_run_id = serializers.SerializerMethodField()
+
     class Meta:
         model = ChatSession
-        fields = ["id", "title", "model", "system_prompt", "archived", "created_at", "updated_at"]
+        fields = [
+            "id",
+            "title",
+            "model",
+            "system_prompt",
+            "archived",
+            "created_at",
+            "updated_at",
+            "active_run_id",
+        ]
         read_only_fields = ["id", "created_at", "updated_at"]
+
+    def get_active_run_id(self, session) -> str | None:
+        return getattr(session, "active_run_id", None)
 
     def validate_model(self, value: str) -> str:
         if value and not providers.is_known_model(value):
@@ -82,7 +98,10 @@ class SessionList(generics.ListCreateAPIView):
     serializer_class = SessionSerializer
 
     def get_queryset(self):
-        queryset = ChatSession.objects.filter(owner=self.request.user, archived=False)
+        active = Run.objects.filter(session=OuterRef("pk"), status__in=Run.ACTIVE)
+        queryset = ChatSession.objects.filter(
+            owner=self.request.user, archived=False
+        ).annotate(active_run_id=Subquery(active.values("id")[:1]))
         query = self.request.query_params.get("q", "").strip()
         if query:
             queryset = queryset.filter(title__icontains=query)

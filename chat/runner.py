@@ -197,7 +197,10 @@ async def execute_run(claim: Claim, control: RunControl) -> str:
             run.session_id,
             message=message,
             events=events,
-            run_fields={"usage": usage or {}, "diagnostics": diagnostics},
+            run_fields={
+                "usage": _usage_event(usage) if usage else {},
+                "diagnostics": diagnostics,
+            },
         )
     except AppendRejected:
         log.warning("run fenced out at the end run_id=%s", claim.run_id)

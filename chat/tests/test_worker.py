@@ -210,5 +210,9 @@ def test_second_run_while_one_is_active_is_409_and_idempotency_key_reuses(
     )
     assert response.status_code == 409 and response.json()["run_id"] == first
     assert ChatSession.objects.get(pk=session_id).messages.filter(role="user").count() == 1
+    listed = httpx.get(f"{server.url}/api/sessions/", headers=alice[1]).json()
+    assert [s["active_run_id"] for s in listed] == [first]
     httpx.post(f"{server.url}/api/runs/{first}/cancel/", headers=alice[1])
     assert stream(server, alice[1], first)[-1][2]["status"] == "cancelled"
+    listed = httpx.get(f"{server.url}/api/sessions/", headers=alice[1]).json()
+    assert [s["active_run_id"] for s in listed] == [None]
