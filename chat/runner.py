@@ -17,6 +17,7 @@ from django.db import transaction
 
 from journal import dbpool
 from journal.leases import Claim
+from journal.logcontext import run_logging
 from journal.models import Run
 from journal.publish import publish
 from journal.store import AppendRejected, append
@@ -146,6 +147,11 @@ class RunControl:
 async def execute_run(claim: Claim, control: RunControl) -> str:
     """Run a claimed run to its `end`; returns the final status written (or "fenced")."""
     run, history = await dbpool.readers.run(_load, claim.run_id)
+    with run_logging(run_id=claim.run_id, session_id=run.session_id):
+        return await _drive(claim, control, run, history)
+
+
+async def _drive(claim: Claim, control: RunControl, run: Run, history: list[dict]) -> str:
     writer = BatchWriter(run_id=claim.run_id, token=claim.token)
     sink = _Sink(writer, claim, run.session_id)
     writer.add("start", {"model": run.model, "provider": run.provider, "session_id": run.session_id})

@@ -15,6 +15,7 @@ from django.conf import settings
 from ulid import ULID
 
 from journal import dbpool
+from journal.heartbeats import worker_beat
 from journal.leases import Claim, cancel_requested, lease_renew, reap_lost_runs, run_claim_next
 from journal.publish import publish
 
@@ -153,6 +154,9 @@ class Worker:
                     lost = await dbpool.writers.run(lease_renew, claims=claims, lease_s=self.lease_s)
                     for run_id in lost:  # another process took it over: stop quietly
                         self._cancel(run_id)
+                await dbpool.writers.run(
+                    worker_beat, worker_id=self.worker_id, active_runs=len(self.held)
+                )
                 if beats % REAP_EVERY == 0:
                     for run_id, records in await dbpool.writers.run(reap_lost_runs):
                         await publish(run_id, records)

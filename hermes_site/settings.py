@@ -154,10 +154,21 @@ SPECTACULAR_SETTINGS = {
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
+    # Lines about a run end with run_id=… session_id=… (journal.logcontext).
+    "filters": {"run": {"()": "journal.logcontext.RunContextFilter"}},
     "formatters": {
-        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+        "plain": {
+            "()": "journal.logcontext.RunContextFormatter",
+            "format": "%(asctime)s %(levelname)s %(name)s %(message)s",
+        },
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "handlers": {
+        "console": {
+            "class": "logging.StreamHandler",
+            "formatter": "plain",
+            "filters": ["run"],
+        }
+    },
     "root": {"handlers": ["console"], "level": env.str("HERMES_LOG_LEVEL", "INFO")},
     "loggers": {"httpx": {"level": "WARNING"}, "httpcore": {"level": "WARNING"}},
 }
@@ -184,6 +195,8 @@ HERMES = {
     # Whether `serve` runs the turn worker inside the web process.
     "EMBEDDED_WORKER": env.bool("HERMES_EMBEDDED_WORKER", default=True),
     "MAX_MESSAGE_CHARS": env.int("HERMES_MAX_MESSAGE_CHARS", default=100_000),
+    # /healthz: a worker heartbeat older than this is a worker gone (0: automatic).
+    "HEALTH_WORKER_MAX_AGE_S": env.float("HERMES_HEALTH_WORKER_MAX_AGE_S", default=0.0),
     # Tools the model may call; unset means every safe built-in.
     "TOOLS": env.list("HERMES_TOOLS", default=None),
 }

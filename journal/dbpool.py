@@ -8,6 +8,7 @@ connection, however many readers there are.
 """
 
 import asyncio
+import contextvars
 import queue
 import threading
 from collections.abc import Callable
@@ -50,11 +51,11 @@ class DBPool:
             if item is _STOP:
                 connections.close_all()
                 return
-            fn, args, kwargs, future, loop = item
+            fn, args, kwargs, future, loop, context = item
             if future.cancelled():
                 continue
             try:
-                result = fn(*args, **kwargs)
+                result = context.run(fn, *args, **kwargs)
             except BaseException as exc:  # handed to the awaiting coroutine
                 close_old_connections()
                 loop.call_soon_threadsafe(_settle, future, None, exc)
@@ -66,7 +67,8 @@ class DBPool:
         self._start()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
-        self._queue.put((fn, args, kwargs, future, loop))
+        # The caller's context travels along, so log lines name the run.
+        self._queue.put((fn, args, kwargs, future, loop, contextvars.copy_context()))
         return await future
 
     def shutdown(self) -> None:

@@ -101,3 +101,18 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}:{self.seq}"
+
+
+class WorkerHeartbeat(models.Model):
+    """The last beat of each turn worker: how `/healthz` knows runs get executed.
+
+    Written by `journal.heartbeats.worker_beat` on every lease heartbeat; a row
+    not renewed for a few heartbeats is a worker that is gone.
+    """
+
+    worker_id = models.CharField(primary_key=True, max_length=200)
+    seen_at = models.DateTimeField(db_index=True)
+    active_runs = models.PositiveIntegerField(default=0)
+
+    def __str__(self) -> str:
+        return self.worker_id
