@@ -11,7 +11,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from rest_framework.authtoken.models import TokenProxy
 
-from journal.admin import NoCountPaginator, RunAdmin, page_number, pre
+from journal.admin import ReadOnlyLargeTableAdmin, RunAdmin, pre
 from journal.models import Run
 
 from .models import ChatSession, Message
@@ -122,7 +122,7 @@ class ChatSessionAdmin(admin.ModelAdmin):
 
 
 @admin.register(Message)
-class MessageAdmin(admin.ModelAdmin):
+class MessageAdmin(ReadOnlyLargeTableAdmin):
     list_display = (
         "id",
         "session_link",
@@ -151,20 +151,6 @@ class MessageAdmin(admin.ModelAdmin):
 
     def get_ordering(self, request):
         return ("id",) if "session__id__exact" in request.GET else ("-id",)
-
-    def get_paginator(
-        self, request, queryset, per_page, orphans=0, allow_empty_first_page=True
-    ):
-        return NoCountPaginator(queryset, per_page, number=page_number(request))
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="session")
     def session_link(self, message: Message):

@@ -92,6 +92,26 @@ class EventTypeFilter(admin.SimpleListFilter):
         return queryset.filter(type=self.value()) if self.value() else queryset
 
 
+class ReadOnlyLargeTableAdmin(admin.ModelAdmin):
+    """Read-only and paged without COUNT(*): for tables too large to count."""
+
+    show_full_result_count = False
+
+    def get_paginator(
+        self, request, queryset, per_page, orphans=0, allow_empty_first_page=True
+    ):
+        return NoCountPaginator(queryset, per_page, number=page_number(request))
+
+    def has_add_permission(self, request):
+        return False
+
+    def has_change_permission(self, request, obj=None):
+        return False
+
+    def has_delete_permission(self, request, obj=None):
+        return False
+
+
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
     list_display = (
@@ -321,7 +341,7 @@ class RunAdmin(admin.ModelAdmin):
 
 
 @admin.register(Event)
-class EventAdmin(admin.ModelAdmin):
+class EventAdmin(ReadOnlyLargeTableAdmin):
     """The journal, read-only: appends belong to `journal.store` alone."""
 
     list_display = (
@@ -342,20 +362,6 @@ class EventAdmin(admin.ModelAdmin):
     def get_ordering(self, request):
         # One run's events in seq order ride the (run, seq) index.
         return ("seq",) if "run__id__exact" in request.GET else ("-id",)
-
-    def get_paginator(
-        self, request, queryset, per_page, orphans=0, allow_empty_first_page=True
-    ):
-        return NoCountPaginator(queryset, per_page, number=page_number(request))
-
-    def has_add_permission(self, request):
-        return False
-
-    def has_change_permission(self, request, obj=None):
-        return False
-
-    def has_delete_permission(self, request, obj=None):
-        return False
 
     @admin.display(description="id")
     def event_id(self, event: Event) -> str:
