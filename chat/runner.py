@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.db import transaction
 
-from journal import dbpool
+from journal import dbpool, metrics
 from journal.leases import Claim
 from journal.logcontext import run_logging
 from journal.models import Run
@@ -177,6 +177,8 @@ async def _drive(claim: Claim, control: RunControl, run: Run, history: list[dict
                 if diagnostics.get(key) is None or key == "tokens_per_s":
                     diagnostics[key] = result.diagnostics.get(key, diagnostics.get(key))
             usage = _merge_usage(usage, result.usage)
+            if result.diagnostics.get("first_token_ms") is not None:
+                metrics.FIRST_TOKEN_S.observe(result.diagnostics["first_token_ms"] / 1000)
             if result.outcome != COMPLETED or not result.tool_calls:
                 break
             history += await _run_tools(result, writer, claim, run.session_id)

@@ -103,7 +103,14 @@ REPLAY_FIRST_BATCH_S = Histogram(
     (0.001, 0.005, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0),
 )
 
-PROCESS_METRICS = (EVENTS_APPENDED, SUBSCRIPTIONS, REPLAY_FIRST_BATCH_S)
+# From 10 ms to 60 s: how long a model keeps a user waiting for its first token.
+FIRST_TOKEN_S = Histogram(
+    "hermes_model_first_token_seconds",
+    "Time from a model request to its first streamed token (turns run here).",
+    (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+)
+
+PROCESS_METRICS = (EVENTS_APPENDED, SUBSCRIPTIONS, REPLAY_FIRST_BATCH_S, FIRST_TOKEN_S)
 
 
 def render_process_metrics() -> str:

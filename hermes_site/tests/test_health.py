@@ -91,6 +91,7 @@ def scrape(url: str) -> dict[str, float]:
 EVENTS = "hermes_journal_events_appended_total"
 COMPLETED = 'hermes_runs{status="completed"}'
 REPLAYS = "hermes_replay_first_batch_seconds_count"
+FIRST_TOKENS = "hermes_model_first_token_seconds_count"
 SUBSCRIBED = "hermes_subscriptions_active"
 IN_FLIGHT = "hermes_provider_requests_in_flight"
 
@@ -107,6 +108,7 @@ def test_metrics_counters_move_when_a_run_streams(server, alice, fake_llm, live_
     assert after[EVENTS] - before[EVENTS] >= last_seq
     assert after[COMPLETED] == before[COMPLETED] + 1
     assert after[REPLAYS] >= before[REPLAYS] + 1
+    assert after[FIRST_TOKENS] == before[FIRST_TOKENS] + 1
     wait_until(lambda: scrape(server.url)[IN_FLIGHT] == 0)
     wait_until(
         lambda: scrape(server.url)["hermes_workers_alive"] >= 1
