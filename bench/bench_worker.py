@@ -1,0 +1,377 @@
+"""One worker process, many concurrent runs: 200 runs × 50 tokens/s, 2 readers each.
+
+The model is the project's loopback fake (`bench/run_fake_llm.py`, a process of
+its own) streaming ~150 one-token chunks per run at 50 tokens/s. Embedded: one
+`manage.py serve` process (daphne + the in-process worker, concurrency 200).
+Scale-out: `daphne` for the readers + one `manage.py worker --concurrency 200`.
+
+Every run is started through the API (a session each, then a run), both of its
+SSE readers are attached and have received `start`, and every model request is
+waiting at the fake's gate before the gate opens: all runs stream at once.
+
+Token → reader latency: each token's text carries its index (" w0042"); the fake
+records the CLOCK_MONOTONIC time it wrote each token's frame, the reader the
+time it read the event carrying it (same clock: Linux CLOCK_MONOTONIC is
+system-wide). It includes the worker's 30 ms coalescing, by design.
+
+    python bench/bench_worker.py [--backend embedded|scaleout|both] [--quick]
+"""
+
+import argparse
+import asyncio
+import json
+import re
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import common  # noqa: E402
+from run_fake_llm import token_text  # noqa: E402
+
+TOKENS, RATE, READERS_PER_RUN = 150, 50, 2
+TOKEN_INDEX = re.compile(r"w(\d+)")
+
+
+async def _start_runs(port: int, token: str, count: int, prefix: str) -> dict[str, str]:
+    """label -> run id; a session per run, created and started through the API."""
+    sem = asyncio.Semaphore(10)
+
+    async def one(i: int) -> tuple[str, str]:
+        label = f"{prefix}-run-{i}"
+        async with sem:
+            status, session = await common.http_json(
+                port, "POST", "/api/sessions/", token, {"title": label}
+            )
+            assert status == 201, (status, session)
+            status, run = await common.http_json(
+                port,
+                "POST",
+                f"/api/sessions/{session['id']}/runs/",
+                token,
+                {"content": label},
+            )
+            assert status == 201, (status, run)
+        return label, run["run_id"]
+
+    return dict(await asyncio.gather(*(one(i) for i in range(count))))
+
+
+def _journal(run_ids: list[str]) -> dict:
+    from django.db.models import Count, Max, Min
+
+    from journal.models import Event, Run
+
+    statuses = {}
+    for status in Run.objects.filter(id__in=run_ids).values_list("status", flat=True):
+        statuses[status] = statuses.get(status, 0) + 1
+    rows = (
+        Event.objects.filter(run_id__in=run_ids)
+        .exclude(type="start")
+        .aggregate(n=Count("id"), first=Min("created_at"), last=Max("created_at"))
+    )
+    diag = list(
+        Run.objects.filter(id__in=run_ids).values_list("diagnostics", flat=True)
+    )
+    return {
+        "statuses": statuses,
+        "rows": rows["n"],
+        "rows_span_s": (rows["last"] - rows["first"]).total_seconds()
+        if rows["n"]
+        else 0,
+        "first_token_ms_median": statistics.median(
+            d.get("first_token_ms") or 0 for d in diag
+        )
+        if diag
+        else None,
+    }
+
+
+async def _measure(args, fake, port: int, token: str, procs: dict, runs: int) -> dict:
+    t_setup = time.monotonic()
+    posts0 = fake.command("wait", 0, 0)["posts"]
+    labels = await _start_runs(port, token, runs, f"c{runs}")
+    readers: dict[str, list] = {}
+    tasks = []
+    for label, run_id in labels.items():
+        rs, ts = await common.start_readers(port, token, run_id, READERS_PER_RUN)
+        readers[label] = rs
+        tasks += ts
+    flat = [r for rs in readers.values() for r in rs]
+    deadline = time.monotonic() + 60
+    while not all(r.seqs for r in flat) and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    posts = fake.command("wait", posts0 + runs, 60)["posts"] - posts0
+    setup_s = time.monotonic() - t_setup
+    print(
+        f"{runs} runs started, {len(flat)} readers attached, {posts} model requests "
+        f"waiting ({setup_s:.1f} s)",
+        flush=True,
+    )
+    profilers = [
+        common.Profiler(p.pid, f"worker-{args.backend}-{name}")
+        for name, p in procs.items()
+    ]
+    cpu0 = {name: p.cpu_s() for name, p in procs.items()} | {
+        "fake": fake.cpu_s(),
+        "client": common.self_cpu_s(),
+    }
+    t0 = time.monotonic_ns()
+    fake.command("gate", "open")
+    try:
+        await asyncio.wait_for(asyncio.gather(*(r.done.wait() for r in flat)), 180)
+        finished = True
+    except TimeoutError:
+        finished = False
+    t1 = time.monotonic_ns()
+    cpu1 = {name: p.cpu_s() for name, p in procs.items()} | {
+        "fake": fake.cpu_s(),
+        "client": common.self_cpu_s(),
+    }
+    for p in profilers:
+        p.stop()
+    fake.command("gate", "close")
+    await asyncio.gather(*tasks, return_exceptions=True)
+    sent = {
+        r["marker"]: {int(k): v for k, v in r["sent"].items()}
+        for r in fake.command("dump")["requests"]
+        if r["marker"] in labels
+    }
+    journal = await asyncio.to_thread(_journal, list(labels.values()))
+    return _analyse(
+        labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup_s
+    )
+
+
+def _analyse(labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup_s):
+    expected, _ = token_text(TOKENS)
+    latencies, lost = [], 0
+    by_decile: list[list[float]] = [[] for _ in range(10)]
+    wrong_text = dup = failed = 0
+    last_rx = t0
+    for label, rs in readers.items():
+        times = sent.get(label, {})
+        for r in rs:
+            if r.error is not None or not r.types or r.types[-1] != b"end":
+                failed += 1
+            lo, du, _ = r.check()
+            lost, dup = lost + lo, dup + du
+            text = []
+            for kind, data, t in zip(r.types, r.datas, r.times, strict=True):
+                if kind != b"token":
+                    continue
+                chunk = json.loads(data)["text"]
+                text.append(chunk)
+                for idx in TOKEN_INDEX.findall(chunk):
+                    if int(idx) in times:
+                        latencies.append((t - times[int(idx)]) / 1e6)
+                        by_decile[int(idx) * 10 // TOKENS].append(latencies[-1])
+            wrong_text += "".join(text) != expected
+            if r.times:
+                last_rx = max(last_rx, r.times[-1])
+    paces = []
+    for times in sent.values():
+        if len(times) > 1:
+            span = (max(times.values()) - min(times.values())) / 1e9
+            paces.append((len(times) - 1) / span if span else float("nan"))
+    tokens = sum(len(t) for t in sent.values())
+    wall = (t1 - t0) / 1e9
+    cpu = {k: cpu1[k] - cpu0[k] for k in cpu0}
+    return {
+        "runs": len(labels),
+        "completed": journal["statuses"].get("completed", 0),
+        "statuses": journal["statuses"],
+        "readers": sum(len(rs) for rs in readers.values()),
+        "readers_failed": failed + (not finished),
+        "lost": lost,
+        "duplicated": dup,
+        "wrong_text": wrong_text,
+        "tokens": tokens,
+        "p50_ms": common.pct(latencies, 50),
+        "p90_ms": common.pct(latencies, 90),
+        "p99_ms": common.pct(latencies, 99),
+        "max_ms": max(latencies, default=float("nan")),
+        "samples": len(latencies),
+        "p50_ms_by_token_decile": [round(common.pct(d, 50), 1) for d in by_decile],
+        "fake_pace_median": statistics.median(paces) if paces else float("nan"),
+        "fake_pace_min": min(paces, default=float("nan")),
+        "rows": journal["rows"],
+        "rows_per_s": journal["rows"] / journal["rows_span_s"]
+        if journal["rows_span_s"]
+        else 0,
+        "rows_span_s": journal["rows_span_s"],
+        "wall_s": wall,
+        "last_read_s": (last_rx - t0) / 1e9,
+        "cpu_s": cpu,
+        "cpu_ms_per_1k_tokens": {k: v / tokens * 1e6 for k, v in cpu.items()}
+        if tokens
+        else {},
+        "setup_s": setup_s,
+    }
+
+
+# Proposed fixes measured as a second sweep (NOT product code: bench/whatif.py).
+WHATIF = {"worker": "writer-threads:8"}  # scale-out only: SQLite has one writer
+
+
+async def _main(args, env, token, sweep: list[int], whatif: bool = False) -> list[dict]:
+    """One server (and worker) for every concurrency of `sweep`, in order."""
+    fake = common.FakeModel(env)
+    text, chunk = token_text(TOKENS)
+    fake.command(
+        "default",
+        json.dumps({"text": text, "chunk_chars": chunk, "tokens_per_s": RATE}),
+    )
+    fake.command("gate", "close")
+    port = common.free_port()
+    server_env = common.child_env(
+        OPENAI_BASE_URL=fake.base_url,
+        HERMES_DEFAULT_MODEL="fake-model",
+        HERMES_WORKER_CONCURRENCY=str(max(sweep)),
+    )
+    procs = {}
+
+    def patched(role: str) -> dict:
+        if not whatif:
+            return server_env
+        return server_env | {
+            "HERMES_WHATIF": WHATIF.get(role, ""),
+            "HERMES_BENCH_MANAGE": str(common.BENCH_DIR / "whatif.py"),
+        }
+
+    try:
+        if args.backend == "embedded":
+            procs["serve"] = common.serve(patched("serve"), port)
+        else:
+            procs["daphne"] = common.daphne(server_env, port)
+            procs["worker"] = common.worker(patched("worker"), max(sweep))
+        out = []
+        for runs in sweep:
+            result = await _measure(args, fake, port, token, procs, runs)
+            result["rss_mib"] = {
+                name: round(p.hwm_kib() / 1024, 1) for name, p in procs.items()
+            }
+            print(json.dumps(result, indent=1), flush=True)
+            out.append(result)
+            await asyncio.sleep(1)
+        return out
+    finally:
+        for p in procs.values():
+            p.stop()
+        fake.stop()
+
+
+def _table(results: list[dict], served_by: str) -> str:
+    return common.md_table(
+        [
+            "runs at once",
+            "completed",
+            "readers",
+            "tokens",
+            "token→reader p50 ms",
+            "p90 ms",
+            "p99 ms",
+            "max ms",
+            "lost",
+            "duplicated",
+            "wrong text",
+            "journal rows/s",
+            f"{served_by} CPU (of one core)",
+            f"{served_by} CPU ms per 1,000 tokens",
+        ],
+        [
+            [
+                c["runs"],
+                c["completed"],
+                c["readers"],
+                c["tokens"],
+                c["p50_ms"],
+                c["p90_ms"],
+                c["p99_ms"],
+                c["max_ms"],
+                c["lost"],
+                c["duplicated"],
+                c["wrong_text"],
+                round(c["rows_per_s"]),
+                f"{c['cpu_s'][served_by] / c['wall_s']:.0%}",
+                c["cpu_ms_per_1k_tokens"].get(served_by),
+            ]
+            for c in results
+        ],
+    )
+
+
+def _held(results: list[dict]) -> str:
+    held = [
+        c["runs"] for c in results if c["p99_ms"] < 150 and c["completed"] == c["runs"]
+    ]
+    return (
+        f"largest concurrency measured with p99 < 150 ms: {max(held)} runs"
+        if held
+        else "no concurrency measured had p99 < 150 ms"
+    )
+
+
+def run(args):
+    env = common.child_env()
+    _, token = common.make_user("worker-bench")
+    common.close_db()
+    sweep = [200] if args.quick else [25, 50, 100, 150, 200]
+    results = asyncio.run(_main(args, env, token, sweep))
+    whatif = None
+    if not args.quick and args.backend == "scaleout":
+        whatif = asyncio.run(_main(args, env, token, sweep, whatif=True))
+    r = results[-1]
+    served_by = "serve" if args.backend == "embedded" else "worker"
+    ok = r["completed"] == r["runs"] and r["p99_ms"] < 150
+    patches = "; ".join(f"{role}: `{patch}`" for role, patch in WHATIF.items())
+    whatif_text = (
+        ""
+        if whatif is None
+        else f"""
+
+What-if, NOT product code: the same sweep with proposed fixes patched in at
+start-up by `bench/whatif.py` ({patches}); {_held(whatif)}:
+
+{_table(whatif, served_by)}"""
+    )
+    markdown = f"""{_table(results, served_by)}
+
+Target: {r["runs"]} concurrent runs × {RATE} tokens/s on one worker process, p99
+token→reader < 150 ms — {"met" if ok else "missed"} ({r["completed"]}/{r["runs"]}
+runs completed, p99 {r["p99_ms"]:,.0f} ms over {r["samples"]:,} token deliveries);
+{_held(results)}.
+
+{_details(r)}
+
+Each row: that many runs started together on the same server, {TOKENS} one-token
+chunks each at {RATE} tokens/s, {READERS_PER_RUN} SSE readers per run, every reader
+attached and every model request waiting before the fake's gate opens. "CPU
+(of one core)" is the serving process's CPU time over the wall time from gate
+open to the last reader's `end`; a Python process cannot use more than one core
+for this work (one event loop plus the journal's writer thread, under one GIL).
+{whatif_text}"""
+    return markdown, {"sweep": results, "whatif": whatif}
+
+
+def _details(r: dict) -> str:
+    cpu = ", ".join(
+        f"{k} {v:.1f} s ({v / r['wall_s']:.0%} of one core)"
+        for k, v in r["cpu_s"].items()
+    )
+    per_k = ", ".join(f"{k} {v:.0f} ms" for k, v in r["cpu_ms_per_1k_tokens"].items())
+    deciles = " / ".join(f"{x:.0f}" for x in r["p50_ms_by_token_decile"])
+    rss = ", ".join(f"{k} {v} MiB" for k, v in r["rss_mib"].items())
+    return f"""At {r["runs"]} runs: the fake model kept a median pace of
+{r["fake_pace_median"]:.1f} tokens/s per run (slowest {r["fake_pace_min"]:.1f});
+{r["wall_s"]:.1f} s from gate open to the last reader's `end` (the replies last
+{TOKENS / RATE:.0f} s). Journal: {r["rows"]:,} rows (token chunks, usage, end) in
+{r["rows_span_s"]:.1f} s. CPU in that window: {cpu}; per 1,000 tokens: {per_k}
+("client" is this bench process with its {r["readers"]} readers, "fake" the model).
+Token latency p50 by tenth of the reply (ms): {deciles}. Peak RSS: {rss}. Setup
+(sessions, runs, readers attached) took {r["setup_s"]:.1f} s and is not measured."""
+
+
+if __name__ == "__main__":
+    common.bench_main("worker", run, argparse.ArgumentParser(description=__doc__))

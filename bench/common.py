@@ -1,0 +1,624 @@
+"""Shared by the benchmarks: backends, child processes, raw SSE clients, reports.
+
+Not a benchmark and not a test. Each `bench_*.py` runs in a process of its own
+whose environment names the backend (settings are read from the environment at
+import time); `prepare()` builds that environment and a fresh database for it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+import fcntl
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from clients import (  # noqa: F401  (re-exported: benchmarks use common.Reader …)
+    FrameReader,
+    HTTPError,
+    Reader,
+    SSEConn,
+    http_json,
+    start_readers,
+)
+
+ROOT = Path(__file__).resolve().parent.parent
+BENCH_DIR = ROOT / "bench"
+VAR = ROOT / "var" / "bench"
+RESULTS = VAR / "results"
+DOC = ROOT / "docs" / "benchmarks.md"
+PY = sys.executable
+
+PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
+PG_URL = "postgres://postgres@127.0.0.1:5432/hermes_bench"
+REDIS_URL = "redis://127.0.0.1:6379/1"
+BACKENDS = ("embedded", "scaleout")
+BACKEND_LABEL = {
+    "embedded": "embedded (SQLite WAL, in-memory channel layer)",
+    "scaleout": "scale-out (PostgreSQL + Redis channel layer)",
+}
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+# --- backends and environments -------------------------------------------------
+
+
+def base_env() -> dict:
+    """This environment without any Hermes database/broker settings."""
+    drop = ("DATABASE_URL", "REDIS_URL", "HERMES_SQLITE_PATH", "OPENAI_BASE_URL")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in drop and not k.startswith("PYTEST")
+    }
+    env["DJANGO_SETTINGS_MODULE"] = "hermes_site.settings"
+    env["PYTHONPATH"] = str(ROOT)
+    env.setdefault("HERMES_LOG_LEVEL", "WARNING")
+    return env
+
+
+def child_env(**overrides: str) -> dict:
+    """The environment of a server or helper started by a benchmark process."""
+    env = dict(os.environ)
+    env.update(overrides)
+    return env
+
+
+def _fresh_postgres() -> None:
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
+        conn.execute("DROP DATABASE IF EXISTS hermes_bench WITH (FORCE)")
+        conn.execute("CREATE DATABASE hermes_bench")
+
+
+def _fresh_redis() -> None:
+    import redis
+
+    redis.Redis.from_url(REDIS_URL).flushdb()
+
+
+def prepare(backend: str, name: str) -> dict:
+    """A fresh, migrated database for benchmark `name`; returns the child env."""
+    env = base_env()
+    env["HERMES_BENCH_BACKEND"] = backend
+    if backend == "embedded":
+        VAR.mkdir(parents=True, exist_ok=True)
+        path = VAR / f"{name}.sqlite3"
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        env["HERMES_SQLITE_PATH"] = str(path)
+    elif backend == "scaleout":
+        _fresh_postgres()
+        _fresh_redis()
+        env["DATABASE_URL"] = PG_URL
+        env["REDIS_URL"] = REDIS_URL
+    else:
+        raise ValueError(f"unknown backend {backend!r}")
+    subprocess.run(
+        [PY, "manage.py", "migrate", "--noinput", "-v", "0"],
+        cwd=ROOT,
+        env=env,
+        check=True,
+    )
+    return env
+
+
+def scaleout_available() -> str | None:
+    """None if PostgreSQL and Redis answer, else why not."""
+    try:
+        import psycopg
+        import redis
+
+        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
+        redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
+    except Exception as exc:  # noqa: BLE001  (any failure means: skip scale-out)
+        return f"{type(exc).__name__}: {exc}"
+    return None
+
+
+def bench_main(name: str, run, parser) -> None:
+    """Entry point of a benchmark script.
+
+    Without a prepared environment (run by hand), prepare one and re-run this
+    script in a child process; with one, set Django up and call `run(args)`,
+    which returns (markdown, result dict).
+    """
+    parser.add_argument("--backend", choices=[*BACKENDS, "both"], default="embedded")
+    parser.add_argument("--quick", action="store_true", help="scaled-down sizes")
+    parser.add_argument(
+        "--profile",
+        action="store_true",
+        help="record py-spy profiles of the servers under var/bench/profiles",
+    )
+    args = parser.parse_args()
+    if args.profile:
+        os.environ["HERMES_BENCH_PROFILE"] = "1"
+    if os.environ.get("HERMES_BENCH_BACKEND") != args.backend:
+        backends = BACKENDS if args.backend == "both" else (args.backend,)
+        failed = 0
+        for backend in backends:
+            env = prepare(backend, name)
+            # argparse keeps the last --backend given
+            argv = [sys.argv[0], *sys.argv[1:], "--backend", backend]
+            failed += subprocess.call([PY, *argv], env=env) != 0
+        sys.exit(1 if failed else 0)
+    setup_django()
+    started, load_before = time.monotonic(), os.getloadavg()[0]
+    markdown, result = run(args)
+    machine = machine_info(args.backend)
+    machine["load"] = f"{load_before:.2f} before / {os.getloadavg()[0]:.2f} after"
+    result.update(
+        bench=name,
+        backend=args.backend,
+        quick=args.quick,
+        seconds=round(time.monotonic() - started, 1),
+        machine=machine,
+    )
+    write_section(name, args.backend, markdown, machine, args.quick)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"{name}-{args.backend}.json").write_text(json.dumps(result, indent=1))
+
+
+def setup_django() -> None:
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hermes_site.settings")
+    import django
+
+    django.setup()
+
+
+# --- Django-side fixtures (the bench process, after setup_django) -------------
+
+
+def make_user(name: str):
+    """A user and its API token key."""
+    from django.contrib.auth import get_user_model
+    from rest_framework.authtoken.models import Token
+
+    user = get_user_model().objects.create_user(
+        username=name, password=f"pw-{name}-bench"
+    )
+    return user, Token.objects.create(user=user).key
+
+
+def running_run(owner, *, lease_s: float = 3600):
+    """A run as a worker holds it right after claiming: running, fencing token 1."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from journal.models import Run
+
+    now = timezone.now()
+    return Run.objects.create(
+        owner=owner,
+        status=Run.Status.RUNNING,
+        fencing_token=1,
+        lease_owner="bench-writer",
+        lease_expires_at=now + timedelta(seconds=lease_s),
+        started_at=now,
+    )
+
+
+def close_db() -> None:
+    from django.db import connections
+
+    connections.close_all()
+
+
+# --- child processes ------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Child:
+    """A child process (server, worker, helper) with /proc readings."""
+
+    def __init__(
+        self,
+        args: list[str],
+        env: dict,
+        *,
+        ready: str | None = None,
+        port: int | None = None,
+        timeout: float = 60,
+        name: str = "",
+    ):
+        self.name = name or args[0]
+        self.log: deque[str] = deque(maxlen=200)
+        self.proc = subprocess.Popen(
+            [PY, *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        self._ready = threading.Event()
+        self._ready_text = ready
+        threading.Thread(target=self._drain, daemon=True).start()
+        deadline = time.monotonic() + timeout
+        if ready is not None and not self._ready.wait(timeout):
+            self.stop()
+            raise RuntimeError(f"{self.name} not ready: {self.tail()}")
+        if port is not None:
+            while not _accepts(port):
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    self.stop()
+                    raise RuntimeError(f"{self.name} does not listen: {self.tail()}")
+                time.sleep(0.05)
+
+    def _drain(self) -> None:
+        for line in self.proc.stdout:
+            self.log.append(line)
+            if self._ready_text and self._ready_text in line:
+                self._ready.set()
+
+    def tail(self, n: int = 40) -> str:
+        return "".join(list(self.log)[-n:])
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def status(self) -> dict[str, str]:
+        out = {}
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                out[key] = value.strip()
+        return out
+
+    def rss_kib(self) -> int:
+        return int(self.status()["VmRSS"].split()[0])
+
+    def hwm_kib(self) -> int:
+        return int(self.status()["VmHWM"].split()[0])
+
+    def threads(self) -> int:
+        return int(self.status()["Threads"])
+
+    def cpu_s(self) -> float:
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK  # utime + stime
+
+    def fds(self) -> int:
+        return len(os.listdir(f"/proc/{self.pid}/fd"))
+
+    def stop(self, timeout: float = 20) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def _accepts(port: int) -> bool:
+    try:
+        socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+        return True
+    except OSError:
+        return False
+
+
+def daphne(env: dict, port: int, app: str = "hermes_site.asgi:application") -> Child:
+    return Child(
+        ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app],
+        env,
+        port=port,
+        name="daphne",
+    )
+
+
+def manage_py(env: dict) -> str:
+    """`manage.py`, or a stand-in for what-if experiments (HERMES_BENCH_MANAGE)."""
+    return env.get("HERMES_BENCH_MANAGE", "manage.py")
+
+
+def serve(env: dict, port: int) -> Child:
+    """`manage.py serve`: daphne and the in-process worker."""
+    return Child(
+        [manage_py(env), "serve", "--port", str(port)],
+        env,
+        ready="Hermes at",
+        port=port,
+        name="serve",
+    )
+
+
+def worker(env: dict, concurrency: int) -> Child:
+    """`manage.py worker`: a turn-worker process (scale-out)."""
+    return Child(
+        [manage_py(env), "worker", "--concurrency", str(concurrency)],
+        env,
+        ready="running",
+        name="worker",
+    )
+
+
+class Helper:
+    """A helper process that answers one JSON line per command line on stdin."""
+
+    def __init__(self, args: list[str], env: dict, ready: str):
+        self.proc = subprocess.Popen(
+            [PY, *args],
+            cwd=ROOT,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        line = self.proc.stdout.readline()
+        if not line.startswith(ready):
+            self.proc.kill()
+            raise RuntimeError(f"{args[0]} did not start: {line!r}")
+        self.ready_line = line.strip()
+        self.pid = self.proc.pid
+
+    def command(self, *words) -> dict:
+        self.proc.stdin.write(" ".join(str(w) for w in words) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self.proc.stdout.readline())
+
+    def cpu_s(self) -> float:
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / TICK
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.write("quit\n")
+                self.proc.stdin.flush()
+                self.proc.wait(10)
+            except (BrokenPipeError, ValueError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+class FakeModel(Helper):
+    """The loopback model server in a process of its own (`bench/run_fake_llm.py`).
+
+    Its own process, so its send times are not skewed by the readers' GIL; the
+    times are CLOCK_MONOTONIC nanoseconds, which every process on the machine shares.
+    """
+
+    def __init__(self, env: dict):
+        super().__init__([str(BENCH_DIR / "run_fake_llm.py")], env, "FAKE ")
+        self.base_url = self.ready_line.split()[1]
+
+
+# --- statistics and reports -------------------------------------------------------
+
+
+def pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(p / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def fmt(x, digits: int = 1) -> str:
+    if isinstance(x, float):
+        if x != x:
+            return "n/a"
+        return f"{x:,.{digits}f}"
+    if isinstance(x, int):
+        return f"{x:,}"
+    return str(x)
+
+
+def md_table(headers: list[str], rows: list[list]) -> str:
+    cells = [[fmt(c) for c in row] for row in rows]
+    out = ["| " + " | ".join(headers) + " |", "|" + "---|" * len(headers)]
+    out += ["| " + " | ".join(row) + " |" for row in cells]
+    return "\n".join(out)
+
+
+def machine_info(backend: str) -> dict:
+    info = {
+        "nproc": os.cpu_count(),
+        "cpu": _cpu_model(),
+        "python": platform.python_version(),
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "kernel": platform.release(),
+    }
+    import sqlite3
+
+    if backend == "embedded":
+        info["database"] = f"SQLite {sqlite3.sqlite_version} (WAL, synchronous=NORMAL)"
+        info["layer"] = "channels InMemoryChannelLayer"
+    else:
+        info["database"] = _pg_version()
+        info["layer"] = f"channels_redis, {_redis_version()}"
+    return info
+
+
+def _cpu_model() -> str:
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def _pg_version() -> str:
+    try:
+        import psycopg
+
+        with psycopg.connect(PG_ADMIN_URL) as conn:
+            return "PostgreSQL " + conn.execute("SHOW server_version").fetchone()[0]
+    except Exception:  # noqa: BLE001
+        return "PostgreSQL (version unknown)"
+
+
+def _redis_version() -> str:
+    try:
+        import redis
+
+        return "Redis " + redis.Redis.from_url(REDIS_URL).info()["redis_version"]
+    except Exception:  # noqa: BLE001
+        return "Redis (version unknown)"
+
+
+def machine_line(m: dict) -> str:
+    load = f", 1-min load average {m['load']}" if m.get("load") else ""
+    return (
+        f"nproc {m['nproc']} ({m['cpu']}), Python {m['python']}, {m['database']}, "
+        f"{m['layer']}, Linux {m['kernel']}, {m['date']}{load}"
+    )
+
+
+DOC_HEAD = """# Hermes benchmarks
+
+Generated by `bench/run_all.py` (`make bench`); each `bench/bench_*.py` rewrites
+its own sections (between HTML comment markers named after it) and leaves the
+rest of this file alone. Targets are those of DESIGN §9. How each number is
+measured is said under each table.
+"""
+
+
+@contextlib.contextmanager
+def doc_lock():
+    """Serialise read-modify-write of the doc between benchmark processes."""
+    VAR.mkdir(parents=True, exist_ok=True)
+    with open(VAR / "doc.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def write_section(
+    name: str, backend: str, markdown: str, machine: dict, quick: bool
+) -> None:
+    """Replace (or add) this benchmark's section for this backend in the doc."""
+    DOC.parent.mkdir(parents=True, exist_ok=True)
+    with doc_lock():
+        _write_section(name, backend, markdown, machine, quick)
+    print(f"\n[{name}/{backend}] {DOC.relative_to(ROOT)} updated", flush=True)
+
+
+def _write_section(
+    name: str, backend: str, markdown: str, machine: dict, quick: bool
+) -> None:
+    text = DOC.read_text() if DOC.exists() else DOC_HEAD
+    begin, end = f"<!-- bench:{name}:{backend} -->", f"<!-- /bench:{name}:{backend} -->"
+    scale = " — `--quick` (scaled down)" if quick else ""
+    body = (
+        f"{begin}\n### {name} — {BACKEND_LABEL[backend]}{scale}\n\n"
+        f"Machine: {machine_line(machine)}.\n\n{markdown.strip()}\n{end}"
+    )
+    if begin in text and end in text:
+        head, rest = text.split(begin, 1)
+        _, tail = rest.split(end, 1)
+        text = head + body + tail
+    else:
+        text = text.rstrip() + "\n\n" + body + "\n"
+    DOC.write_text(text)
+
+
+def which(cmd: str) -> str | None:
+    return shutil.which(cmd)
+
+
+# --- the fan-out writer (inside a server process or in a helper process) ------
+
+
+async def write_batches(run_id: str, n: int, batch: int, *, end: bool = False) -> list:
+    """Append `n` token events in batches, each published after its commit.
+
+    The two steps of `journal.publish.append_and_publish` (the writer pool's
+    `append`, then `publish`), with the CLOCK_MONOTONIC time taken between
+    them: the moment the batch is committed. Returns [[last seq, commit ns], …].
+    """
+    from journal import dbpool
+    from journal.publish import publish
+    from journal.store import append
+
+    events = [("token", {"text": "tok-" * 5})] * batch
+    commits = []
+    for done in range(0, n, batch):
+        records = await dbpool.writers.run(
+            append, run_id=run_id, token=1, events=events[: min(batch, n - done)]
+        )
+        commits.append([records[-1].seq, time.monotonic_ns()])
+        await publish(run_id, records)
+    if end:
+        records = await dbpool.writers.run(
+            append,
+            run_id=run_id,
+            token=1,
+            events=[("end", {"status": "completed", "terminal_state": "completed"})],
+        )
+        commits.append([records[-1].seq, time.monotonic_ns()])
+        await publish(run_id, records)
+    return commits
+
+
+# --- profiling (optional: `--profile`, needs py-spy in the venv) ----------------
+
+
+class Profiler:
+    """`py-spy record` attached to a process until `stop()`; raw collapsed stacks."""
+
+    def __init__(self, pid: int, label: str):
+        self.proc = None
+        spy = shutil.which("py-spy", path=str(Path(PY).parent)) or shutil.which(
+            "py-spy"
+        )
+        if not os.environ.get("HERMES_BENCH_PROFILE") or spy is None:
+            return
+        out = VAR / "profiles"
+        out.mkdir(parents=True, exist_ok=True)
+        self.path = out / f"{label}.txt"
+        self.proc = subprocess.Popen(
+            [
+                spy,
+                "record",
+                "--pid",
+                str(pid),
+                "-f",
+                "raw",
+                "-o",
+                str(self.path),
+                # GIL holders only: where the CPU of the process goes
+                *os.environ.get(
+                    "HERMES_BENCH_PYSPY_ARGS", "-r 200 --gil --nonblocking"
+                ).split(),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.3)
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.send_signal(2)  # SIGINT: py-spy writes its file and exits
+            self.proc.wait(30)
+            print(f"profile written: {self.path}", flush=True)
+
+
+def self_cpu_s() -> float:
+    """CPU seconds of this process so far (user + system)."""
+    t = os.times()
+    return t.user + t.system
