@@ -114,7 +114,7 @@ if REDIS_URL:
 else:
     CHANNEL_LAYERS = {
         "default": {
-            "BACKEND": "channels.layers.InMemoryChannelLayer",
+            "BACKEND": "hermes_site.channel_layers.HermesInMemoryChannelLayer",
             "CONFIG": {"capacity": 1000},
         }
     }
