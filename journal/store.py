@@ -252,3 +252,22 @@ def run_summary(*, run: Run, worker_alive: bool | None = None) -> dict:
         "created_at": run.created_at.isoformat(),
         "ended_at": run.ended_at.isoformat() if run.ended_at else None,
     }
+
+
+def append_many(
+    batches: list[tuple[str, int, list[tuple[str, dict]]]],
+) -> list[list[Record] | AppendRejected]:
+    """Several runs' appends in one transaction: one commit for all of them.
+
+    Each `(run_id, token, events)` is fenced on its own (in a savepoint): a
+    rejected one writes nothing and gets its `AppendRejected` back in place of
+    its records, and the others still commit.
+    """
+    results: list[list[Record] | AppendRejected] = []
+    with transaction.atomic():
+        for run_id, token, events in batches:
+            try:
+                results.append(append(run_id=run_id, token=token, events=events))
+            except AppendRejected as rejected:
+                results.append(rejected)
+    return results
