@@ -96,9 +96,18 @@ class _Committer:
             self._wake.clear()
             if all(w.pending_bytes < MAX_BYTES for w in self._waiting):
                 await asyncio.sleep(INTERVAL_S)  # let the batches fill
-            writers = list(self._waiting)
+            waiting = list(self._waiting)
             self._waiting.clear()
-            batches = [(w.run_id, w.token, w.take()) for w in writers]
+            writers, batches = [], []
+            for writer in waiting:
+                events = writer.take()
+                if events:
+                    writers.append(writer)
+                    batches.append((writer.run_id, writer.token, events))
+                else:
+                    writer.landed(0, None)
+            if not batches:
+                continue
             try:
                 results = await dbpool.writers.run(append_many, batches)
             except Exception as exc:  # surfaced to every run by flush()

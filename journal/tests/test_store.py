@@ -4,7 +4,7 @@ from hermes_site.testing import running_run
 from journal.events import InvalidEvent
 from journal.leases import run_claim_next, run_settle
 from journal.models import Event, Run
-from journal.store import AppendRejected, append, read_after
+from journal.store import AppendRejected, append, append_many, read_after
 
 
 def _tokens(n, start=0):
@@ -81,3 +81,25 @@ def test_claim_bumps_the_fencing_token_once_per_claim(alice):
     assert claim.run_id == queued.id and claim.token == 1
     assert run_claim_next(worker_id="w2", lease_s=30) is None
     assert Run.objects.get(id=queued.id).status == "running"
+
+
+def test_append_many_commits_several_runs_and_fences_each(alice):
+    first, second, stale = (running_run(alice[0]) for _ in range(3))
+    append(run_id=first.id, token=1, events=_tokens(2))
+    Run.objects.filter(id=stale.id).update(fencing_token=2)
+    results = append_many(
+        [
+            (first.id, 1, _tokens(3, start=2)),
+            (stale.id, 1, _tokens(4)),
+            (second.id, 1, _tokens(1)),
+        ]
+    )
+    assert [r.seq for r in results[0]] == [3, 4, 5]
+    assert isinstance(results[1], AppendRejected)
+    assert [r.seq for r in results[2]] == [1]
+    assert [r.payload for r in read_after(run_id=first.id, after_seq=0)] == [
+        f'{{"text":"t{i}"}}' for i in range(5)
+    ]
+    assert not Event.objects.filter(run=stale).exists()
+    assert Run.objects.get(id=stale.id).last_seq == 0
+    assert Run.objects.get(id=second.id).last_seq == 1
