@@ -26,7 +26,11 @@ def server(django_db_setup, django_db_blocker):
 @pytest.fixture
 def fast_readers(settings):
     """Readers that check the journal after 0.3 s of silence instead of seconds."""
-    settings.HERMES = {**settings.HERMES, "READER_IDLE_CHECK_S": 0.3, "SSE_KEEPALIVE_S": 0.5}
+    settings.HERMES = {
+        **settings.HERMES,
+        "READER_IDLE_CHECK_S": 0.3,
+        "SSE_KEEPALIVE_S": 0.5,
+    }
 
 
 @pytest.fixture

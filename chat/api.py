@@ -21,9 +21,9 @@ from journal.models import Run
 from journal.store import read_after, run_summary
 
 from . import snapshot
-from .providers import registry as providers
 from .access import NotFound, run_get_for_owner, session_get_for_owner
 from .models import ChatSession, Message
+from .providers import registry as providers
 from .services import (
     RunConflict,
     run_cancel,
@@ -128,7 +128,9 @@ class SessionDetail(generics.RetrieveUpdateDestroyAPIView):
 
     def retrieve(self, request, *args, **kwargs):
         session = self.get_object()
-        return Response({**self.get_serializer(session).data, **snapshot.session_live(session)})
+        return Response(
+            {**self.get_serializer(session).data, **snapshot.session_live(session)}
+        )
 
 
 class MessagePagination(CursorPagination):
@@ -172,13 +174,19 @@ class RunCreateSerializer(serializers.Serializer):
 class SessionRuns(APIView):
     @extend_schema(
         request=RunCreateSerializer,
-        parameters=[OpenApiParameter("Idempotency-Key", location="header", required=False)],
+        parameters=[
+            OpenApiParameter("Idempotency-Key", location="header", required=False)
+        ],
     )
     def post(self, request, session_id):
         session = _session_for(request, session_id)
         body = RunCreateSerializer(data=request.data)
         body.is_valid(raise_exception=True)
-        model = body.validated_data.get("model") or session.model or providers.default_model()
+        model = (
+            body.validated_data.get("model")
+            or session.model
+            or providers.default_model()
+        )
         key = request.headers.get("Idempotency-Key", "").strip()[:200]
         try:
             run, created = run_start(
@@ -190,7 +198,8 @@ class SessionRuns(APIView):
             )
         except RunConflict as exc:
             return Response(
-                {"error": str(exc), "run_id": exc.run_id}, status=status.HTTP_409_CONFLICT
+                {"error": str(exc), "run_id": exc.run_id},
+                status=status.HTTP_409_CONFLICT,
             )
         return Response(
             {
@@ -247,7 +256,12 @@ class RunEventsJson(APIView):
         limit = _int_param(request, "limit", 1000, 1, EVENTS_PAGE_MAX)
         records = read_after(run_id=run.id, after_seq=after_seq, limit=limit)
         events = [
-            {"id": f"{run.id}:{r.seq}", "seq": r.seq, "event": r.type, "data": json.loads(r.payload)}
+            {
+                "id": f"{run.id}:{r.seq}",
+                "seq": r.seq,
+                "event": r.type,
+                "data": json.loads(r.payload),
+            }
             for r in records
         ]
         return Response(

@@ -5,10 +5,15 @@ from rest_framework.views import exception_handler as drf_exception_handler
 
 def exception_handler(exc, context):
     response = drf_exception_handler(exc, context)
-    if response is not None and isinstance(response.data, dict) and "detail" in response.data:
-        response.data = {"error": str(response.data["detail"]), **{
-            k: v for k, v in response.data.items() if k != "detail"
-        }}
+    if (
+        response is not None
+        and isinstance(response.data, dict)
+        and "detail" in response.data
+    ):
+        response.data = {
+            "error": str(response.data["detail"]),
+            **{k: v for k, v in response.data.items() if k != "detail"},
+        }
     elif response is not None:
         response.data = {"error": "invalid input", "fields": response.data}
     return response

@@ -53,7 +53,9 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         headers = dict(self.scope.get("headers", ()))
         last_event_id = headers.get(b"last-event-id", b"").decode("latin-1") or None
         cursor = cursor_from_request(
-            query=dict(parse_qsl(self.scope.get("query_string", b"").decode("latin-1"))),
+            query=dict(
+                parse_qsl(self.scope.get("query_string", b"").decode("latin-1"))
+            ),
             last_event_id=last_event_id,
             run_id=run.id,
             last_seq=run.last_seq,

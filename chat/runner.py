@@ -32,18 +32,31 @@ log = logging.getLogger(__name__)
 
 MAX_TOOL_STEPS = 8  # model calls per run: bounds a model that keeps calling tools
 
-_DIAG_SUMS = ("model_requests_started", "http_retries", "transparent_retries", "stream_resumes")
+_DIAG_SUMS = (
+    "model_requests_started",
+    "http_retries",
+    "transparent_retries",
+    "stream_resumes",
+)
 
 
 def session_history(*, session_id: int) -> list[dict]:
     """The conversation as the provider receives it, each message once, in order."""
     session = ChatSession.objects.get(pk=session_id)
-    history = [{"role": "system", "content": session.system_prompt}] if session.system_prompt else []
+    history = (
+        [{"role": "system", "content": session.system_prompt}]
+        if session.system_prompt
+        else []
+    )
     for m in session.messages.order_by("id"):
         if m.role == Message.Role.TOOL:
-            history.append({"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content})
+            history.append(
+                {"role": "tool", "tool_call_id": m.tool_call_id, "content": m.content}
+            )
         elif m.role == Message.Role.ASSISTANT and m.tool_calls:
-            history.append({"role": "assistant", "content": m.content, "tool_calls": m.tool_calls})
+            history.append(
+                {"role": "assistant", "content": m.content, "tool_calls": m.tool_calls}
+            )
         else:
             history.append({"role": m.role, "content": m.content})
     return history
@@ -68,7 +81,9 @@ def _fenced(claim: Claim) -> None:
 def _keep_message(claim: Claim, session_id: int, **fields) -> int:
     with transaction.atomic():
         _fenced(claim)
-        return Message.objects.create(session_id=session_id, run_id=claim.run_id, **fields).id
+        return Message.objects.create(
+            session_id=session_id, run_id=claim.run_id, **fields
+        ).id
 
 
 class _Sink:
@@ -118,7 +133,14 @@ def _merge_usage(total: dict | None, step: dict | None) -> dict | None:
     return merged
 
 
-def _finish(claim: Claim, session_id: int, *, message: dict | None, events: list, run_fields: dict):
+def _finish(
+    claim: Claim,
+    session_id: int,
+    *,
+    message: dict | None,
+    events: list,
+    run_fields: dict,
+):
     """The last write of a run: its final message and `end`, in one fenced transaction."""
     with transaction.atomic():
         message_id = None
@@ -129,7 +151,9 @@ def _finish(claim: Claim, session_id: int, *, message: dict | None, events: list
             ).id
         end_type, end_payload = events[-1]
         events[-1] = (end_type, {**end_payload, "message_id": message_id})
-        return append(run_id=claim.run_id, token=claim.token, events=events, run_fields=run_fields)
+        return append(
+            run_id=claim.run_id, token=claim.token, events=events, run_fields=run_fields
+        )
 
 
 @dataclass
@@ -151,10 +175,15 @@ async def execute_run(claim: Claim, control: RunControl) -> str:
         return await _drive(claim, control, run, history)
 
 
-async def _drive(claim: Claim, control: RunControl, run: Run, history: list[dict]) -> str:
+async def _drive(
+    claim: Claim, control: RunControl, run: Run, history: list[dict]
+) -> str:
     writer = BatchWriter(run_id=claim.run_id, token=claim.token)
     sink = _Sink(writer, claim, run.session_id)
-    writer.add("start", {"model": run.model, "provider": run.provider, "session_id": run.session_id})
+    writer.add(
+        "start",
+        {"model": run.model, "provider": run.provider, "session_id": run.session_id},
+    )
     provider = registry.get_provider(run.provider)
     schema = tool_registry.tools_schema() or None
     diagnostics: dict = dict.fromkeys(_DIAG_SUMS, 0)
@@ -178,7 +207,9 @@ async def _drive(claim: Claim, control: RunControl, run: Run, history: list[dict
                     diagnostics[key] = result.diagnostics.get(key, diagnostics.get(key))
             usage = _merge_usage(usage, result.usage)
             if result.diagnostics.get("first_token_ms") is not None:
-                metrics.FIRST_TOKEN_S.observe(result.diagnostics["first_token_ms"] / 1000)
+                metrics.FIRST_TOKEN_S.observe(
+                    result.diagnostics["first_token_ms"] / 1000
+                )
             if result.outcome != COMPLETED or not result.tool_calls:
                 break
             history += await _run_tools(result, writer, claim, run.session_id)
@@ -216,7 +247,12 @@ async def _drive(claim: Claim, control: RunControl, run: Run, history: list[dict
     finally:
         await writer.close()
     await publish(claim.run_id, records)
-    log.info("run ended run_id=%s session_id=%s status=%s", claim.run_id, run.session_id, status)
+    log.info(
+        "run ended run_id=%s session_id=%s status=%s",
+        claim.run_id,
+        run.session_id,
+        status,
+    )
     return status
 
 
@@ -232,7 +268,11 @@ def _closing_events(result, usage, stop_reason: str):
         status, state, error = Run.Status.CANCELLED, "cancelled-by-user", None
     else:
         err = result.error
-        error = {"category": err.category, "message": err.message, "retryable": err.retryable}
+        error = {
+            "category": err.category,
+            "message": err.message,
+            "retryable": err.retryable,
+        }
         events.append(("error", error))
         status, state = Run.Status.FAILED, "provider-error"
     payload = {"status": status, "terminal_state": state}
@@ -242,7 +282,9 @@ def _closing_events(result, usage, stop_reason: str):
     return events, status
 
 
-async def _run_tools(result, writer: BatchWriter, claim: Claim, session_id: int) -> list[dict]:
+async def _run_tools(
+    result, writer: BatchWriter, claim: Claim, session_id: int
+) -> list[dict]:
     """Keep the assistant's tool-call step, run each tool, keep and journal results."""
     await writer.flush()
     await dbpool.writers.run(
@@ -254,7 +296,13 @@ async def _run_tools(result, writer: BatchWriter, claim: Claim, session_id: int)
         reasoning=result.reasoning,
         tool_calls=result.tool_calls,
     )
-    added = [{"role": "assistant", "content": result.content, "tool_calls": result.tool_calls}]
+    added = [
+        {
+            "role": "assistant",
+            "content": result.content,
+            "tool_calls": result.tool_calls,
+        }
+    ]
     for call in result.tool_calls:
         name, args = call["function"]["name"], call["function"]["arguments"]
         writer.add("tool", {"tool_call_id": call["id"], "name": name, "args": args})

@@ -49,7 +49,12 @@ def _announce_on_commit(user_id: int, event: str, data: dict) -> None:
 
 
 def session_create(
-    *, owner, title: str = "", model: str = "", system_prompt: str = "", archived: bool = False
+    *,
+    owner,
+    title: str = "",
+    model: str = "",
+    system_prompt: str = "",
+    archived: bool = False,
 ) -> ChatSession:
     session = ChatSession.objects.create(
         owner=owner,
@@ -58,7 +63,9 @@ def session_create(
         system_prompt=system_prompt,
         archived=archived,
     )
-    _announce_on_commit(owner.pk, "session", {"action": "created", "session_id": session.pk})
+    _announce_on_commit(
+        owner.pk, "session", {"action": "created", "session_id": session.pk}
+    )
     return session
 
 
@@ -66,7 +73,9 @@ def session_update(*, session: ChatSession, **fields) -> ChatSession:
     for name, value in fields.items():
         setattr(session, name, value)
     session.save()
-    _announce_on_commit(session.owner_id, "session", {"action": "updated", "session_id": session.pk})
+    _announce_on_commit(
+        session.owner_id, "session", {"action": "updated", "session_id": session.pk}
+    )
     return session
 
 
@@ -95,7 +104,9 @@ def run_start(
     """
     owner_id = session.owner_id
     if idempotency_key:
-        existing = Run.objects.filter(owner_id=owner_id, idempotency_key=idempotency_key).first()
+        existing = Run.objects.filter(
+            owner_id=owner_id, idempotency_key=idempotency_key
+        ).first()
         if existing is not None:
             return existing, False
     try:
@@ -117,7 +128,9 @@ def run_start(
                 provider=provider,
                 idempotency_key=idempotency_key,
             )
-            Message.objects.create(session=session, role=Message.Role.USER, content=content, run=run)
+            Message.objects.create(
+                session=session, role=Message.Role.USER, content=content, run=run
+            )
             ChatSession.objects.filter(pk=session.pk).update(updated_at=timezone.now())
             _signal_workers({"type": "worker.nudge"})
             _announce_on_commit(
@@ -127,7 +140,9 @@ def run_start(
             )
     except IntegrityError:
         if idempotency_key:  # a concurrent retry with the same key won the race
-            return Run.objects.get(owner_id=owner_id, idempotency_key=idempotency_key), False
+            return Run.objects.get(
+                owner_id=owner_id, idempotency_key=idempotency_key
+            ), False
         raise
     log.info("run queued run_id=%s session_id=%s", run.id, session.pk)
     return run, True
@@ -198,7 +213,7 @@ def keep_partial(sender, *, run_id: str, status: str, **kwargs) -> int | None:
         .order_by("id")
         .values_list("content", flat=True)
     )
-    tail = text[len(committed):] if text.startswith(committed) else ""
+    tail = text[len(committed) :] if text.startswith(committed) else ""
     if not tail:
         return None
     message = Message.objects.create(

@@ -75,12 +75,15 @@ async def _frames(run_id: str, after_seq: int, unusable_reason: str):
     if unusable_reason:
         head += f": cursor unusable ({unusable_reason}); replaying from the start\n\n"
     yield head
-    async for batch in subscribe(run_id, after_seq=after_seq, idle_s=hermes["SSE_KEEPALIVE_S"]):
+    async for batch in subscribe(
+        run_id, after_seq=after_seq, idle_s=hermes["SSE_KEEPALIVE_S"]
+    ):
         if not batch:
             yield ": keepalive\n\n"
             continue
         yield "".join(
-            f"id: {run_id}:{r.seq}\nevent: {r.type}\ndata: {r.payload}\n\n" for r in batch
+            f"id: {run_id}:{r.seq}\nevent: {r.type}\ndata: {r.payload}\n\n"
+            for r in batch
         )
 
 
@@ -97,7 +100,9 @@ async def user_stream(request):
     user_id = await dbpool.readers.run(_authenticated_user_id, request)
     if user_id is None:
         return JsonResponse({"error": "authentication required"}, status=401)
-    response = StreamingHttpResponse(_notifications(user_id), content_type="text/event-stream")
+    response = StreamingHttpResponse(
+        _notifications(user_id), content_type="text/event-stream"
+    )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
     return response

@@ -16,7 +16,13 @@ from ulid import ULID
 
 from journal import dbpool
 from journal.heartbeats import worker_beat
-from journal.leases import Claim, cancel_requested, lease_renew, reap_lost_runs, run_claim_next
+from journal.leases import (
+    Claim,
+    cancel_requested,
+    lease_renew,
+    reap_lost_runs,
+    run_claim_next,
+)
 from journal.publish import publish
 
 from .providers import registry
@@ -49,9 +55,18 @@ class Worker:
 
     async def start(self) -> None:
         await self._join()
-        for loop in (self._claim_loop, self._lease_loop, self._cancel_loop, self._listen_loop):
-            self._tasks.append(asyncio.create_task(loop(), name=f"worker {loop.__name__}"))
-        log.info("worker started id=%s concurrency=%d", self.worker_id, self.concurrency)
+        for loop in (
+            self._claim_loop,
+            self._lease_loop,
+            self._cancel_loop,
+            self._listen_loop,
+        ):
+            self._tasks.append(
+                asyncio.create_task(loop(), name=f"worker {loop.__name__}")
+            )
+        log.info(
+            "worker started id=%s concurrency=%d", self.worker_id, self.concurrency
+        )
 
     async def stop(self, grace_s: float = 30.0) -> None:
         """Stop claiming; let held runs finish for `grace_s`, then settle them."""
@@ -60,7 +75,7 @@ class Worker:
         running = [task for _, _, task in self.held.values()]
         if running:
             _, pending = await asyncio.wait(running, timeout=grace_s)
-            for claim, control, _task in list(self.held.values()):
+            for _claim, control, _task in list(self.held.values()):
                 control.request("shutdown")
             if pending:
                 await asyncio.wait(pending, timeout=10)
@@ -129,7 +144,9 @@ class Worker:
 
     def _launch(self, claim: Claim) -> None:
         control = RunControl()
-        task = asyncio.create_task(self._execute(claim, control), name=f"run {claim.run_id}")
+        task = asyncio.create_task(
+            self._execute(claim, control), name=f"run {claim.run_id}"
+        )
         self.held[claim.run_id] = (claim, control, task)
 
     async def _execute(self, claim: Claim, control: RunControl) -> None:
@@ -151,7 +168,9 @@ class Worker:
             claims = [claim for claim, _, _ in self.held.values()]
             try:
                 if claims:
-                    lost = await dbpool.writers.run(lease_renew, claims=claims, lease_s=self.lease_s)
+                    lost = await dbpool.writers.run(
+                        lease_renew, claims=claims, lease_s=self.lease_s
+                    )
                     for run_id in lost:  # another process took it over: stop quietly
                         self._cancel(run_id)
                 await dbpool.writers.run(
@@ -171,7 +190,9 @@ class Worker:
             if not self.held:
                 continue
             try:
-                wanted = await dbpool.readers.run(cancel_requested, run_ids=list(self.held))
+                wanted = await dbpool.readers.run(
+                    cancel_requested, run_ids=list(self.held)
+                )
             except asyncio.CancelledError:
                 raise
             except Exception:

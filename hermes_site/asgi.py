@@ -41,6 +41,8 @@ class HermesASGIHandler(ASGIHandler):
 application = ProtocolTypeRouter(
     {
         "http": HermesASGIHandler(),
-        "websocket": origin_checked(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        "websocket": origin_checked(
+            AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
+        ),
     }
 )

@@ -93,9 +93,13 @@ DATABASES = {
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = SQLITE_OPTIONS
     # A file, not shared-cache memory: tests run a real server in other threads.
-    DATABASES["default"]["TEST"] = {"NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")}
+    DATABASES["default"]["TEST"] = {
+        "NAME": str(VAR_DIR / f"test-db-{os.getpid()}.sqlite3")
+    }
 else:
-    DATABASES["default"]["TEST"] = {"NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"}
+    DATABASES["default"]["TEST"] = {
+        "NAME": f"test_{DATABASES['default']['NAME']}_{os.getpid()}"
+    }
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="")

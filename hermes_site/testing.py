@@ -45,7 +45,9 @@ class AsgiServer:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind(("127.0.0.1", 0))
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(self.app, lifespan="off", log_level="warning", ws="auto")
+        config = uvicorn.Config(
+            self.app, lifespan="off", log_level="warning", ws="auto"
+        )
         self._server = uvicorn.Server(config)
         started = threading.Event()
 
@@ -107,8 +109,14 @@ def read_sse(
     return SSEResult(200, events, retry)
 
 
-async def read_ws(url: str, *, headers: dict | None = None, origin: str | None = None,
-                  max_events: int | None = None, timeout: float = 20):
+async def read_ws(
+    url: str,
+    *,
+    headers: dict | None = None,
+    origin: str | None = None,
+    max_events: int | None = None,
+    timeout: float = 20,
+):
     """Read a run's WebSocket frames until the server closes (or max_events)."""
     frames = []
     async with websockets.connect(
@@ -124,7 +132,9 @@ async def read_ws(url: str, *, headers: dict | None = None, origin: str | None =
 
 
 def make_user(django_user_model, name: str):
-    user = django_user_model.objects.create_user(username=name, password="pw-" + name * 3)
+    user = django_user_model.objects.create_user(
+        username=name, password="pw-" + name * 3
+    )
     return user, {"Authorization": f"Token {Token.objects.create(user=user).key}"}
 
 

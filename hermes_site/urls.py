@@ -9,7 +9,11 @@ urlpatterns = [
     path("healthz", health.healthz, name="healthz"),
     path("metrics", health.metrics_view, name="metrics"),
     path("api/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path(
+        "api/docs/",
+        SpectacularSwaggerView.as_view(url_name="api-schema"),
+        name="api-docs",
+    ),
     path("", include("chat.urls")),
     path("", include("chat.page_urls")),
 ]

@@ -74,7 +74,9 @@ def validate(event_type: str, payload: dict) -> None:
     for key, kind in spec.required.items():
         if key not in payload:
             raise InvalidEvent(f"{event_type}: missing {key!r}")
-        if not isinstance(payload[key], kind) or (kind is _NUM and isinstance(payload[key], bool)):
+        if not isinstance(payload[key], kind) or (
+            kind is _NUM and isinstance(payload[key], bool)
+        ):
             raise InvalidEvent(f"{event_type}: {key!r} has the wrong type")
     for key, kind in spec.optional.items():
         if key in payload and not isinstance(payload[key], kind):

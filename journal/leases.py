@@ -69,9 +69,9 @@ def lease_renew(*, claims: list[Claim], lease_s: float) -> set[str]:
 
 def cancel_requested(*, run_ids: list[str]) -> set[str]:
     return set(
-        Run.objects.filter(id__in=run_ids, cancel_requested_at__isnull=False).values_list(
-            "id", flat=True
-        )
+        Run.objects.filter(
+            id__in=run_ids, cancel_requested_at__isnull=False
+        ).values_list("id", flat=True)
     )
 
 
@@ -114,14 +114,24 @@ def run_settle(
             sender=Run, run_id=run_id, status=status
         ):
             message_id = result if result is not None else message_id
-        payload = {"status": status, "terminal_state": terminal_state, "message_id": message_id}
+        payload = {
+            "status": status,
+            "terminal_state": terminal_state,
+            "message_id": message_id,
+        }
         if error:
             payload["error"] = error
         try:
             records = append(run_id=run_id, token=token, events=[("end", payload)])
         except AppendRejected:  # settled by someone else in between
             return []
-    log.info("run settled run_id=%s status=%s state=%s by=%s", run_id, status, terminal_state, by)
+    log.info(
+        "run settled run_id=%s status=%s state=%s by=%s",
+        run_id,
+        status,
+        terminal_state,
+        by,
+    )
     return records
 
 

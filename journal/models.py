@@ -92,10 +92,14 @@ class Event(models.Model):
         ordering = ["run", "seq"]
         constraints = [
             models.UniqueConstraint(fields=["run", "seq"], name="event_unique_run_seq"),
-            models.CheckConstraint(condition=models.Q(seq__gte=1), name="event_seq_gte_1"),
+            models.CheckConstraint(
+                condition=models.Q(seq__gte=1), name="event_seq_gte_1"
+            ),
             # Exactly one terminal event per run, whoever writes it.
             models.UniqueConstraint(
-                fields=["run"], condition=models.Q(type="end"), name="event_one_end_per_run"
+                fields=["run"],
+                condition=models.Q(type="end"),
+                name="event_one_end_per_run",
             ),
         ]
 

@@ -88,7 +88,11 @@ def publish_on_commit(run_id: str, records: list[Record]) -> None:
 
 
 async def append_and_publish(
-    *, run_id: str, token: int, events: list[tuple[str, dict]], run_fields: dict | None = None
+    *,
+    run_id: str,
+    token: int,
+    events: list[tuple[str, dict]],
+    run_fields: dict | None = None,
 ) -> list[Record]:
     """Append through the writer pool, then publish what was committed."""
     records = await dbpool.writers.run(

@@ -114,14 +114,22 @@ class RunHub:
             await layer.group_add(group_name(self.run_id), self.channel)
             self.layer_ok = True
         except Exception:
-            log.warning("channel layer unavailable, polling run_id=%s", self.run_id, exc_info=True)
+            log.warning(
+                "channel layer unavailable, polling run_id=%s",
+                self.run_id,
+                exc_info=True,
+            )
 
     async def _leave(self) -> None:
         if self.layer_ok:
             try:
-                await get_channel_layer().group_discard(group_name(self.run_id), self.channel)
+                await get_channel_layer().group_discard(
+                    group_name(self.run_id), self.channel
+                )
             except Exception:
-                log.warning("group_discard failed run_id=%s", self.run_id, exc_info=True)
+                log.warning(
+                    "group_discard failed run_id=%s", self.run_id, exc_info=True
+                )
             self.layer_ok = False
 
     async def _follow(self) -> None:
@@ -161,7 +169,9 @@ class RunHub:
         except TimeoutError:
             return None
         except Exception:
-            log.warning("channel layer failed, polling run_id=%s", self.run_id, exc_info=True)
+            log.warning(
+                "channel layer failed, polling run_id=%s", self.run_id, exc_info=True
+            )
             self.layer_ok = False
             return None
 
@@ -236,7 +246,10 @@ class _JournalPages:
         batch = await future
         if len(batch) == READ_PAGE and batch[-1].seq < prefetch_below:
             after = batch[-1].seq
-            self._next = (after, asyncio.ensure_future(self.registry.page(self.run_id, after)))
+            self._next = (
+                after,
+                asyncio.ensure_future(self.registry.page(self.run_id, after)),
+            )
         return batch
 
     def close(self) -> None:

@@ -44,11 +44,16 @@ def configs() -> dict[str, ProviderConfig]:
     found = {"demo": ProviderConfig("demo", models=[DEMO_MODEL])}
     hermes = settings.HERMES
     if hermes["OPENAI_BASE_URL"]:
-        models = [m for m in os.environ.get("HERMES_MODELS", "").split(",") if m.strip()]
+        models = [
+            m for m in os.environ.get("HERMES_MODELS", "").split(",") if m.strip()
+        ]
         if hermes["DEFAULT_MODEL"]:
             models.insert(0, hermes["DEFAULT_MODEL"])
         found["openai"] = ProviderConfig(
-            "openai", hermes["OPENAI_BASE_URL"], "OPENAI_API_KEY", [m.strip() for m in models]
+            "openai",
+            hermes["OPENAI_BASE_URL"],
+            "OPENAI_API_KEY",
+            [m.strip() for m in models],
         )
     try:
         extra = json.loads(os.environ.get("HERMES_PROVIDERS", "") or "[]")
@@ -57,7 +62,10 @@ def configs() -> dict[str, ProviderConfig]:
         extra = []
     for item in extra:
         found[item["name"]] = ProviderConfig(
-            item["name"], item["base_url"], item.get("api_key_env", ""), item.get("models", [])
+            item["name"],
+            item["base_url"],
+            item.get("api_key_env", ""),
+            item.get("models", []),
         )
     return found
 
@@ -74,7 +82,9 @@ def _listed_models(config: ProviderConfig) -> list[str]:
         return cached[1]
     headers = {"Authorization": f"Bearer {config.api_key}"} if config.api_key else {}
     try:
-        response = httpx.get(f"{config.base_url.rstrip('/')}/models", headers=headers, timeout=5)
+        response = httpx.get(
+            f"{config.base_url.rstrip('/')}/models", headers=headers, timeout=5
+        )
         response.raise_for_status()
         names = [m["id"] for m in response.json().get("data", [])]
     except (httpx.HTTPError, ValueError, KeyError, TypeError):

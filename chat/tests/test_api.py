@@ -28,7 +28,9 @@ def runs_url(session):
 
 
 def test_invalid_json_is_400(api, session):
-    response = api.post(runs_url(session), data="{nope", content_type="application/json")
+    response = api.post(
+        runs_url(session), data="{nope", content_type="application/json"
+    )
     assert response.status_code == 400 and "JSON" in response.json()["error"]
     assert not Run.objects.exists()
 
@@ -50,7 +52,9 @@ def test_bad_run_input_is_400_and_changes_nothing(api, session, body, needle):
 
 
 def test_unknown_model_on_a_session_is_400(api, session):
-    response = api.patch(f"/api/sessions/{session.pk}/", data={"model": "nope"}, format="json")
+    response = api.patch(
+        f"/api/sessions/{session.pk}/", data={"model": "nope"}, format="json"
+    )
     assert response.status_code == 400
     assert ChatSession.objects.get(pk=session.pk).model == ""
 
@@ -63,7 +67,10 @@ def test_another_users_session_is_404_everywhere(bob, session):
     assert client.patch(base, data={"title": "x"}, format="json").status_code == 404
     assert client.delete(base).status_code == 404
     assert client.get(base + "messages/").status_code == 404
-    assert client.post(base + "runs/", data={"content": "x"}, format="json").status_code == 404
+    assert (
+        client.post(base + "runs/", data={"content": "x"}, format="json").status_code
+        == 404
+    )
     assert client.get("/api/sessions/").json() == []
     assert ChatSession.objects.get(pk=session.pk).title == "mine"
 
@@ -86,11 +93,15 @@ def test_messages_are_paginated_in_order(api, session):
     first = api.get(f"/api/sessions/{session.pk}/messages/").json()
     assert [m["content"] for m in first["results"]] == [f"m{i}" for i in range(100)]
     second = api.get(first["next"]).json()
-    assert [m["content"] for m in second["results"]] == [f"m{i}" for i in range(100, 130)]
+    assert [m["content"] for m in second["results"]] == [
+        f"m{i}" for i in range(100, 130)
+    ]
     assert "active_run" not in second
 
 
-def test_session_snapshot_is_bounded_and_reading_it_changes_nothing(api, alice, session):
+def test_session_snapshot_is_bounded_and_reading_it_changes_nothing(
+    api, alice, session
+):
     run = running_run(alice[0], session=session)
     big = "a" * 50_000
     events = [("token", {"text": "Hello "}), ("reasoning", {"text": "hmm"})]

@@ -6,7 +6,6 @@ import socket
 import threading
 import time
 
-import httpx
 import pytest
 from asgiref.sync import async_to_sync
 from django.utils import timezone
@@ -73,7 +72,11 @@ def test_worker_killed_mid_run_is_settled_as_lost_and_the_next_turn_works(
         nxt = start_run(server, alice[1], session_id, "again")
         assert text_of(stream(server, alice[1], nxt)) == "Fresh start."
         sent = [(m["role"], m["content"]) for m in fake_llm.requests[-1].messages]
-        assert sent == [("user", "talk slowly"), ("assistant", partial), ("user", "again")]
+        assert sent == [
+            ("user", "talk slowly"),
+            ("assistant", partial),
+            ("user", "again"),
+        ]
     finally:
         server.call(worker.stop(grace_s=5))
 
@@ -113,7 +116,9 @@ def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
         wait_until(lambda: _tokens_journaled(run_id), timeout=15)
         proc.send_signal(signal.SIGSTOP)
         wait_until(
-            lambda: Run.objects.filter(id=run_id, lease_expires_at__lt=timezone.now()).exists(),
+            lambda: Run.objects.filter(
+                id=run_id, lease_expires_at__lt=timezone.now()
+            ).exists(),
             timeout=LEASE_S + 5,
         )
         settled = reap_lost_runs()
@@ -132,7 +137,9 @@ def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
     assert (run.status, run.terminal_state) == ("interrupted", "lost-worker")
     assert Event.objects.filter(run_id=run_id).order_by("-seq").first().type == "end"
     assert Event.objects.filter(run_id=run_id, type="end").count() == 1
-    assert Message.objects.filter(session_id=session_id).count() == messages_after_settle
+    assert (
+        Message.objects.filter(session_id=session_id).count() == messages_after_settle
+    )
     kept = "".join(
         Message.objects.filter(session_id=session_id, role="assistant").values_list(
             "content", flat=True
@@ -156,7 +163,15 @@ def test_reader_switches_between_two_server_processes_with_last_event_id(alice):
     ports = [_free_port(), _free_port()]
     servers = [
         spawn(
-            ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), "hermes_site.asgi:application"],
+            [
+                "-m",
+                "daphne",
+                "-b",
+                "127.0.0.1",
+                "-p",
+                str(port),
+                "hermes_site.asgi:application",
+            ],
             subprocess_env(),
             "Listening on TCP address",
         )
@@ -176,7 +191,9 @@ def test_reader_switches_between_two_server_processes_with_last_event_id(alice):
             async_to_sync(append_and_publish)(
                 run_id=run.id,
                 token=1,
-                events=[("end", {"status": "completed", "terminal_state": "completed"})],
+                events=[
+                    ("end", {"status": "completed", "terminal_state": "completed"})
+                ],
             )
 
         writer = threading.Thread(target=write)

@@ -75,13 +75,18 @@ def test_cursor_rows(server, alice, query, header, first):
     headers = {**alice[1]}
     if header:
         headers["Last-Event-ID"] = header.format(run=run.id)
-    result = read_sse(events_url(server, run, query.format(run=run.id)), headers=headers)
+    result = read_sse(
+        events_url(server, run, query.format(run=run.id)), headers=headers
+    )
     assert seqs(result) == list(range(first, 12))
 
 
 def test_cursor_at_or_past_a_finished_end_is_204(server, alice):
     run = finished_run(server, alice[0])
-    assert read_sse(events_url(server, run, "?after_seq=11"), headers=alice[1]).status == 204
+    assert (
+        read_sse(events_url(server, run, "?after_seq=11"), headers=alice[1]).status
+        == 204
+    )
     headers = {**alice[1], "Last-Event-ID": f"{run.id}:11"}
     assert read_sse(events_url(server, run), headers=headers).status == 204
 
@@ -91,7 +96,9 @@ def test_cursor_equal_to_last_delivered_sends_nothing_twice(server, alice):
     feed(server, run, tokens(5))
     got = []
     reader = threading.Thread(
-        target=lambda: got.append(read_sse(events_url(server, run, "?after_seq=5"), headers=alice[1]))
+        target=lambda: got.append(
+            read_sse(events_url(server, run, "?after_seq=5"), headers=alice[1])
+        )
     )
     reader.start()
     wait_until(lambda: server.call(group_size(group_name(run.id))) == 1)
@@ -113,13 +120,17 @@ def test_pruned_run_answers_410_pointing_at_the_transcript(server, alice):
 
 def _reader(server, run, headers, out, **kw):
     thread = threading.Thread(
-        target=lambda: out.append(read_sse(events_url(server, run), headers=headers, **kw))
+        target=lambda: out.append(
+            read_sse(events_url(server, run), headers=headers, **kw)
+        )
     )
     thread.start()
     return thread
 
 
-def test_reader_attached_mid_run_and_a_second_reader_get_identical_whole_runs(server, alice):
+def test_reader_attached_mid_run_and_a_second_reader_get_identical_whole_runs(
+    server, alice
+):
     run = running_run(alice[0])
     feed(server, run, tokens(30))
     first, second = [], []
@@ -137,7 +148,9 @@ def test_reader_attached_mid_run_and_a_second_reader_get_identical_whole_runs(se
     assert text == "".join(f"w{i} " for i in range(200))
 
 
-def test_reconnecting_twenty_times_with_last_event_id_gets_every_seq_once(server, alice):
+def test_reconnecting_twenty_times_with_last_event_id_gets_every_seq_once(
+    server, alice
+):
     run = running_run(alice[0])
     total_batches = 60
     done = threading.Event()
@@ -163,16 +176,22 @@ def test_reconnecting_twenty_times_with_last_event_id_gets_every_seq_once(server
         reconnects += 1
     writer.join(20)
     assert reconnects >= 20
-    assert [int(e[0].rsplit(":", 1)[1]) for e in collected] == list(range(1, total_batches * 5 + 2))
+    assert [int(e[0].rsplit(":", 1)[1]) for e in collected] == list(
+        range(1, total_batches * 5 + 2)
+    )
 
 
-def test_dropped_channel_messages_are_filled_from_the_journal(server, alice, fast_readers):
+def test_dropped_channel_messages_are_filled_from_the_journal(
+    server, alice, fast_readers
+):
     run = running_run(alice[0])
     out = []
     reader = _reader(server, run, alice[1], out)
     wait_until(lambda: server.call(group_size(group_name(run.id))) == 1)
     for i in range(20):
-        feed(server, run, tokens(3, start=i * 3), publish=i % 3 == 0)  # 2 of 3 never rung
+        feed(
+            server, run, tokens(3, start=i * 3), publish=i % 3 == 0
+        )  # 2 of 3 never rung
     feed(server, run, [END], publish=False)  # even the end: the quiet check finds it
     reader.join(20)
     assert seqs(out[0]) == list(range(1, 62))
@@ -191,14 +210,19 @@ async def _hub_count():
     return len(hubs())
 
 
-def test_a_run_whose_lease_expired_is_settled_for_a_waiting_reader(server, alice, fast_readers):
+def test_a_run_whose_lease_expired_is_settled_for_a_waiting_reader(
+    server, alice, fast_readers
+):
     run = running_run(alice[0], lease_s=0.5)
     feed(server, run, tokens(4))
     result = read_sse(events_url(server, run), headers=alice[1])
     assert seqs(result) == [1, 2, 3, 4, 5]
     end = result.events[-1]
     assert end[1] == "end"
-    assert (end[2]["status"], end[2]["terminal_state"]) == ("interrupted", "lost-worker")
+    assert (end[2]["status"], end[2]["terminal_state"]) == (
+        "interrupted",
+        "lost-worker",
+    )
     assert Run.objects.get(id=run.id).status == "interrupted"
 
 
@@ -210,7 +234,9 @@ def test_other_users_and_unknown_runs_are_404_everywhere(server, alice, bob):
     for path in ("events/", "events.json", "", "cancel/"):
         method = "POST" if path == "cancel/" else "GET"
         for target in (run.id, "run_DOESNOTEXIST"):
-            response = httpx.request(method, f"{server.url}/api/runs/{target}/{path}", headers=bob[1])
+            response = httpx.request(
+                method, f"{server.url}/api/runs/{target}/{path}", headers=bob[1]
+            )
             assert response.status_code == 404, (path, target)
             assert "error" in response.json()
     assert httpx.get(events_url(server, run)).status_code in (401, 403)
@@ -240,7 +266,9 @@ def test_status_document(server, alice):
 
 
 def ws_read(server, run, headers, query="", **kw):
-    return asyncio.run(read_ws(f"{server.ws_url}/ws/runs/{run.id}/{query}", headers=headers, **kw))
+    return asyncio.run(
+        read_ws(f"{server.ws_url}/ws/runs/{run.id}/{query}", headers=headers, **kw)
+    )
 
 
 @pytest.mark.parametrize(

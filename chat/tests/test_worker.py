@@ -23,7 +23,9 @@ def start_run(server, headers, session_id, content, **extra):
 
 
 def new_session(server, headers):
-    response = httpx.post(f"{server.url}/api/sessions/", json={"title": "t"}, headers=headers)
+    response = httpx.post(
+        f"{server.url}/api/sessions/", json={"title": "t"}, headers=headers
+    )
     assert response.status_code == 201, response.text
     return response.json()["id"]
 
@@ -39,8 +41,13 @@ def text_of(events):
 
 
 def test_completed_turn(server, alice, fake_llm, live_worker):
-    fake_llm.push(Reply(text="Hello **there**, friend.", reasoning="think first", usage={
-        "prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18}))
+    fake_llm.push(
+        Reply(
+            text="Hello **there**, friend.",
+            reasoning="think first",
+            usage={"prompt_tokens": 11, "completion_tokens": 7, "total_tokens": 18},
+        )
+    )
     session_id = new_session(server, alice[1])
     run_id = start_run(server, alice[1], session_id, "hi")
     events = stream(server, alice[1], run_id)
@@ -57,7 +64,10 @@ def test_completed_turn(server, alice, fake_llm, live_worker):
     # Replay reproduces exactly what the live reader saw.
     assert stream(server, alice[1], run_id) == events
     run = Run.objects.get(id=run_id)
-    assert run.usage["total_tokens"] == 18 and run.diagnostics["model_requests_started"] == 1
+    assert (
+        run.usage["total_tokens"] == 18
+        and run.diagnostics["model_requests_started"] == 1
+    )
     assert fake_llm.post_count == 1
     wait_until(lambda: live_worker.active_provider_requests == 0)
 
@@ -86,18 +96,28 @@ def test_cut_stream_every_time_fails_then_next_turn_sends_each_fragment_once(
             "content", flat=True
         )
     )
-    assert len(fragments) == 4 and all(fragments) and not any(
-        Message.objects.filter(session_id=session_id, role="assistant").values_list(
-            "complete", flat=True
+    assert (
+        len(fragments) == 4
+        and all(fragments)
+        and not any(
+            Message.objects.filter(session_id=session_id, role="assistant").values_list(
+                "complete", flat=True
+            )
         )
     )
     assert "".join(fragments) == text_of(events)
 
-    fake_llm.push(Reply(text="Second answer.", usage={
-        "prompt_tokens": 50, "completion_tokens": 3, "total_tokens": 53}))
+    fake_llm.push(
+        Reply(
+            text="Second answer.",
+            usage={"prompt_tokens": 50, "completion_tokens": 3, "total_tokens": 53},
+        )
+    )
     second = start_run(server, alice[1], session_id, "second question")
     events = stream(server, alice[1], second)
-    assert text_of(events) == "Second answer." and events[-1][2]["status"] == "completed"
+    assert (
+        text_of(events) == "Second answer." and events[-1][2]["status"] == "completed"
+    )
     assert fake_llm.post_count == 5
     sent = _history_contents(fake_llm.requests[-1])
     assert sent == [
@@ -152,8 +172,12 @@ def test_auth_failure_fails_at_once(server, alice, fake_llm, live_worker):
     wait_until(lambda: live_worker.active_provider_requests == 0)
 
 
-def test_rate_limit_then_success_is_retried_with_retry_after(server, alice, fake_llm, live_worker):
-    fake_llm.push(Reply(status=429, retry_after=0.3), Reply(status=500), Reply(text="ok now"))
+def test_rate_limit_then_success_is_retried_with_retry_after(
+    server, alice, fake_llm, live_worker
+):
+    fake_llm.push(
+        Reply(status=429, retry_after=0.3), Reply(status=500), Reply(text="ok now")
+    )
     session_id = new_session(server, alice[1])
     run_id = start_run(server, alice[1], session_id, "hello")
     events = stream(server, alice[1], run_id)
@@ -162,11 +186,17 @@ def test_rate_limit_then_success_is_retried_with_retry_after(server, alice, fake
     assert len(requests) == 3
     assert requests[1].received_at - requests[0].received_at >= 0.3
     diagnostics = Run.objects.get(id=run_id).diagnostics
-    assert diagnostics["http_retries"] == 2 and diagnostics["model_requests_started"] == 3
+    assert (
+        diagnostics["http_retries"] == 2 and diagnostics["model_requests_started"] == 3
+    )
 
 
-def test_stream_dying_before_content_is_reopened_silently(server, alice, fake_llm, live_worker):
-    fake_llm.push(Reply(text="whole answer", cut_after_chars=0), Reply(text="whole answer"))
+def test_stream_dying_before_content_is_reopened_silently(
+    server, alice, fake_llm, live_worker
+):
+    fake_llm.push(
+        Reply(text="whole answer", cut_after_chars=0), Reply(text="whole answer")
+    )
     session_id = new_session(server, alice[1])
     run_id = start_run(server, alice[1], session_id, "hello")
     events = stream(server, alice[1], run_id)
@@ -179,7 +209,13 @@ def test_tool_call_step_then_answer(server, alice, fake_llm, live_worker):
     fake_llm.push(
         Reply(
             text="",
-            tool_calls=[{"id": "call_1", "name": "calculator", "arguments": '{"expression": "6*7"}'}],
+            tool_calls=[
+                {
+                    "id": "call_1",
+                    "name": "calculator",
+                    "arguments": '{"expression": "6*7"}',
+                }
+            ],
         ),
         Reply(text="It is 42."),
     )
@@ -193,7 +229,9 @@ def test_tool_call_step_then_answer(server, alice, fake_llm, live_worker):
     assert text_of(events) == "It is 42."
     second = fake_llm.requests[1].messages
     assert second[-1] == {"role": "tool", "tool_call_id": "call_1", "content": "42"}
-    roles = list(Message.objects.filter(session_id=session_id).values_list("role", flat=True))
+    roles = list(
+        Message.objects.filter(session_id=session_id).values_list("role", flat=True)
+    )
     assert roles == ["user", "assistant", "tool", "assistant"]
 
 
@@ -206,10 +244,14 @@ def test_second_run_while_one_is_active_is_409_and_idempotency_key_reuses(
     first = start_run(server, alice[1], session_id, "one", **key)
     assert start_run(server, alice[1], session_id, "one", **key) == first
     response = httpx.post(
-        f"{server.url}/api/sessions/{session_id}/runs/", json={"content": "two"}, headers=alice[1]
+        f"{server.url}/api/sessions/{session_id}/runs/",
+        json={"content": "two"},
+        headers=alice[1],
     )
     assert response.status_code == 409 and response.json()["run_id"] == first
-    assert ChatSession.objects.get(pk=session_id).messages.filter(role="user").count() == 1
+    assert (
+        ChatSession.objects.get(pk=session_id).messages.filter(role="user").count() == 1
+    )
     listed = httpx.get(f"{server.url}/api/sessions/", headers=alice[1]).json()
     assert [s["active_run_id"] for s in listed] == [first]
     httpx.post(f"{server.url}/api/runs/{first}/cancel/", headers=alice[1])

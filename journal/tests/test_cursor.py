@@ -4,7 +4,9 @@ RUN = "run_01ABC"
 
 
 def resolve(query=None, header=None, last_seq=10):
-    return cursor_from_request(query=query or {}, last_event_id=header, run_id=RUN, last_seq=last_seq)
+    return cursor_from_request(
+        query=query or {}, last_event_id=header, run_id=RUN, last_seq=last_seq
+    )
 
 
 def test_query_parameters_resume():

@@ -28,7 +28,9 @@ def test_append_takes_consecutive_seqs_and_reads_in_pages(alice):
 def test_stale_writer_writes_nothing(alice):
     run = running_run(alice[0])
     append(run_id=run.id, token=1, events=_tokens(1))
-    Run.objects.filter(id=run.id).update(fencing_token=2)  # another process took it over
+    Run.objects.filter(id=run.id).update(
+        fencing_token=2
+    )  # another process took it over
     with pytest.raises(AppendRejected, match="stale fencing token"):
         append(run_id=run.id, token=1, events=_tokens(5))
     assert Event.objects.filter(run=run).count() == 1
@@ -41,11 +43,22 @@ def test_exactly_one_end(alice):
     append(run_id=run.id, token=1, events=[*_tokens(2), end])
     with pytest.raises(AppendRejected, match="already ended"):
         append(run_id=run.id, token=1, events=[end])
-    assert run_settle(
-        run_id=run.id, status="interrupted", terminal_state="lost-worker", by="t", only_if_lost=False
-    ) == []
+    assert (
+        run_settle(
+            run_id=run.id,
+            status="interrupted",
+            terminal_state="lost-worker",
+            by="t",
+            only_if_lost=False,
+        )
+        == []
+    )
     run.refresh_from_db()
-    assert (run.status, run.terminal_state, run.last_seq) == ("completed", "completed", 3)
+    assert (run.status, run.terminal_state, run.last_seq) == (
+        "completed",
+        "completed",
+        3,
+    )
     assert Event.objects.filter(run=run, type="end").count() == 1
 
 
@@ -55,7 +68,10 @@ def test_end_must_be_last_and_payloads_are_validated(alice):
         append(
             run_id=run.id,
             token=1,
-            events=[("end", {"status": "completed", "terminal_state": "completed"}), *_tokens(1)],
+            events=[
+                ("end", {"status": "completed", "terminal_state": "completed"}),
+                *_tokens(1),
+            ],
         )
     with pytest.raises(InvalidEvent):
         append(run_id=run.id, token=1, events=[("token", {"txt": "x"})])
@@ -67,7 +83,9 @@ def test_end_must_be_last_and_payloads_are_validated(alice):
 def test_settling_a_lost_run_fences_out_its_old_writer(alice):
     run = running_run(alice[0], lease_s=-1)  # lease already expired
     append(run_id=run.id, token=1, events=_tokens(2))
-    records = run_settle(run_id=run.id, status="interrupted", terminal_state="lost-worker", by="t")
+    records = run_settle(
+        run_id=run.id, status="interrupted", terminal_state="lost-worker", by="t"
+    )
     assert [(r.seq, r.type) for r in records] == [(3, "end")]
     with pytest.raises(AppendRejected):
         append(run_id=run.id, token=1, events=_tokens(1))

@@ -13,9 +13,14 @@ class Command(BaseCommand):
     help = "Run model turns: claim queued runs and stream them into the journal."
 
     def add_arguments(self, parser):
-        parser.add_argument("--concurrency", type=int, default=None, help="runs at once")
         parser.add_argument(
-            "--grace", type=float, default=30.0, help="seconds runs may finish after SIGTERM"
+            "--concurrency", type=int, default=None, help="runs at once"
+        )
+        parser.add_argument(
+            "--grace",
+            type=float,
+            default=30.0,
+            help="seconds runs may finish after SIGTERM",
         )
 
     def handle(self, *args, concurrency, grace, **options):
@@ -29,7 +34,9 @@ class Command(BaseCommand):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         await worker.start()
-        self.stdout.write(f"worker {worker.worker_id} running ({worker.concurrency} at once)")
+        self.stdout.write(
+            f"worker {worker.worker_id} running ({worker.concurrency} at once)"
+        )
         self.stdout.flush()
         await stop.wait()
         self.stdout.write("stopping: no new runs; finishing those in flight")
