@@ -39,6 +39,7 @@ CONTENT_SECURITY_POLICY = "; ".join(
     [
         "default-src 'self'",
         "script-src 'self'",
+        "worker-src 'self'",  # the SharedWorker of static/hermes/js/shared-streams.js
         "style-src 'self'",
         "img-src 'self' data: blob:",
         "connect-src 'self'",

@@ -2,9 +2,11 @@
  * The sidebar: the user's sessions (new, select, rename, delete, search) and a
  * "running" mark per session, kept current by the user's notification stream
  * `GET /api/stream/` (DESIGN §5). Notifications are not journaled, so on every
- * (re)connect the list is fetched again instead of replayed.
+ * (re)connect the list is fetched again instead of replayed. Where the browser
+ * has SharedWorker, that stream is one for all the tabs (`shared-streams.js`).
  */
 import { api, urls } from "./api.js";
+import { sharedStreams } from "./shared-client.js";
 
 const SEARCH_DEBOUNCE_MS = 200;
 const REFRESH_DEBOUNCE_MS = 100; // a burst of notifications costs one fetch
@@ -96,6 +98,29 @@ export class Sidebar {
 
   /** Listen to the user's notifications; reconnects refetch the list. */
   listen() {
+    const shared = sharedStreams();
+    if (!shared) {
+      this.#listenDirect();
+      return;
+    }
+    const watched = shared.watchNotifications({
+      onOpen: () => this.scheduleRefresh(),
+      onNote: (event, data) => {
+        if (event === "session") this.#onSessionNote(data);
+        else if (event === "run") this.#onRunNote(data);
+      },
+      onClosed: () => {
+        if (this.notifications === watched) this.notifications = null;
+      },
+      onFail: () => {
+        if (this.notifications === watched) this.#listenDirect(); // the worker is gone
+      },
+    });
+    this.notifications = watched;
+  }
+
+  /** This tab's own EventSource on `/api/stream/`. */
+  #listenDirect() {
     const source = new EventSource(urls.notifications());
     this.notifications = source;
     source.addEventListener("open", () => this.scheduleRefresh());

@@ -14,8 +14,14 @@
  *    suspended (offline) stream and catches up one that fell silent behind
  *    the journal.
  * 5. After `end` the stream closes and reports it.
+ * 6. Where the browser has SharedWorker, the connection is the worker's
+ *    (`shared-streams.js`): one per run for all the tabs of this browser. The
+ *    tab watches with its cursor and applies events exactly as above; when the
+ *    worker reports the stream closed, the tab recovers as in 3; when the
+ *    worker fails, the tab opens its own EventSource after its cursor.
  */
 import { api, urls } from "./api.js";
+import { sharedStreams } from "./shared-client.js";
 
 /** Journaled event types (DESIGN §3); `error` needs care, see `#onError`. */
 export const EVENT_TYPES = [
@@ -65,6 +71,7 @@ export class RunStream {
     this.recovering = false;
     this.failures = 0;
     this.retryTimer = null;
+    this.stallTarget = 0; // a seq the journal had while this stream showed less
   }
 
   start() {
@@ -111,13 +118,21 @@ export class RunStream {
     if (!this.active || (!status.terminal && status.last_seq <= this.lastSeq)) return;
     const target = status.last_seq;
     setTimeout(() => {
-      if (this.active && this.lastSeq < target) this.#recover();
+      if (this.active && this.lastSeq < target) {
+        this.stallTarget = target; // a shared stream behind it is replaced
+        this.#recover();
+      }
     }, STALL_GRACE_MS);
   }
 
   #open() {
     if (!this.active) return;
     this.#closeSource();
+    const shared = sharedStreams();
+    if (shared) {
+      this.#openShared(shared);
+      return;
+    }
     const url =
       this.lastSeq > 0 ? `${this.streamUrl}?after_seq=${this.lastSeq}` : this.streamUrl;
     const source = new EventSource(url);
@@ -135,6 +150,42 @@ export class RunStream {
     // `error` is both a journaled event type and EventSource's connection
     // error; only the former is a MessageEvent with data.
     source.addEventListener("error", (event) => this.#onError(source, event));
+  }
+
+  /** Watch the run through the shared worker (one connection for all tabs). */
+  #openShared(shared) {
+    const reopenBelow = this.stallTarget;
+    this.stallTarget = 0;
+    this.onState("connecting");
+    const watched = shared.watchRun(
+      { runId: this.runId, streamUrl: this.streamUrl, afterSeq: this.lastSeq, reopenBelow },
+      {
+        onEvents: (events) => {
+          for (const event of events) {
+            if (watched !== this.source) return; // closed meanwhile (`end`, or a switch)
+            this.#apply(event.type, event.data, event.seq);
+          }
+        },
+        onMeter: (data) => {
+          if (watched === this.source) this.onMeter(data);
+        },
+        onState: (state) => {
+          if (watched !== this.source || !this.active) return;
+          if (state === "live") this.failures = 0;
+          this.onState(state);
+        },
+        onClosed: () => {
+          if (watched === this.source && this.active) this.#recover();
+        },
+        onFail: () => {
+          // The worker is gone: this tab opens its own EventSource from here on.
+          if (watched !== this.source || !this.active) return;
+          this.source = null;
+          this.#open();
+        },
+      },
+    );
+    this.source = watched;
   }
 
   #onError(source, event) {
