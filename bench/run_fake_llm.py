@@ -34,28 +34,16 @@ def token_text(count: int, width: int = 4) -> tuple[str, int]:
 
 
 class _TimedStreamWriter(_StreamWriter):
-    """`_StreamWriter._send` with a send time per content frame (same pacing)."""
+    """`_StreamWriter` recording a send time per content frame."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.sent: dict[int, int] = {}
 
-    async def _send(self, head: bytes, frames: list[bytes]) -> None:
-        self.writer.write(head)
-        interval = 1 / self.reply.tokens_per_s if self.reply.tokens_per_s else 0.0
-        next_at = time.monotonic()
-        for frame in frames:
-            if interval and frame.startswith(b"data: {"):
-                next_at += interval
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
-            if self.peer_closed.is_set():
-                return
-            self.rec.last_byte_at = time.monotonic()
-            match = TOKEN_INDEX.search(frame)
-            if match:
-                self.sent[int(match.group(1))] = time.monotonic_ns()
-            self.writer.write(frame)
-            await self.writer.drain()
+    def sending(self, frame: bytes) -> None:
+        match = TOKEN_INDEX.search(frame)
+        if match:
+            self.sent[int(match.group(1))] = time.monotonic_ns()
 
 
 class BenchLLM(FakeLLM):

@@ -432,8 +432,12 @@ class _StreamWriter:
                 return
             # Set before the write, so a client that read the frame finds it.
             self.rec.last_byte_at = time.monotonic()  # a float store is atomic
+            self.sending(frame)
             self.writer.write(frame)
             await self.writer.drain()
+
+    def sending(self, frame: bytes) -> None:
+        """Called just before each frame is written (benchmarks time frames here)."""
 
     async def _watch_eof(self) -> None:
         # HTTP/1.1 clients send nothing while a response is streaming, so the
