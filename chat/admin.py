@@ -34,19 +34,22 @@ def _run_link(run_id: str | None):
     )
 
 
+# What a message shows, inline in its session and on its own page.
+MESSAGE_FIELDS = (
+    "role",
+    "content",
+    "reasoning",
+    "tool_calls_pretty",
+    "tool_call_id",
+    "complete",
+    "run_link",
+    "created_at",
+)
+
+
 class MessageInline(admin.TabularInline):
     model = Message
-    fields = (
-        "id",
-        "role",
-        "content",
-        "reasoning",
-        "tool_calls_pretty",
-        "tool_call_id",
-        "complete",
-        "run_link",
-        "created_at",
-    )
+    fields = ("id", *MESSAGE_FIELDS)
     readonly_fields = fields
     ordering = ("id",)
     extra = 0
@@ -136,17 +139,7 @@ class MessageAdmin(ReadOnlyLargeTableAdmin):
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     list_max_show_all = 0
-    fields = (
-        "session_link",
-        "role",
-        "content",
-        "reasoning",
-        "tool_calls_pretty",
-        "tool_call_id",
-        "complete",
-        "run_link",
-        "created_at",
-    )
+    fields = ("session_link", *MESSAGE_FIELDS)
     readonly_fields = fields
 
     def get_ordering(self, request):

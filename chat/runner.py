@@ -114,6 +114,18 @@ class _Sink:
         )
 
 
+def _merge_diagnostics(total: dict, step: dict) -> None:
+    """Add one model step's diagnostics to the run's: counters add up, the first
+    token is the run's first, the rate is the latest step's."""
+    for key in _DIAG_SUMS:
+        total[key] += step.get(key) or 0
+    if step.get("first_token_ms") is not None:
+        metrics.FIRST_TOKEN_S.observe(step["first_token_ms"] / 1000)
+        total.setdefault("first_token_ms", step["first_token_ms"])
+    if step.get("tokens_per_s") is not None:
+        total["tokens_per_s"] = step["tokens_per_s"]
+
+
 def _usage_event(usage: dict) -> dict:
     mapped = {
         "input_tokens": usage.get("prompt_tokens", usage.get("input_tokens")),
@@ -141,11 +153,14 @@ def _finish(
     events: list,
     run_fields: dict,
 ):
-    """The last write of a run: its final message and `end`, in one fenced transaction."""
+    """The last write of a run: its final message and `end`, in one transaction.
+
+    The `end` append is fenced; if it is rejected the transaction, message
+    included, rolls back.
+    """
     with transaction.atomic():
         message_id = None
         if message is not None:
-            _fenced(claim)
             message_id = Message.objects.create(
                 session_id=session_id, run_id=claim.run_id, **message
             ).id
@@ -200,16 +215,8 @@ async def _drive(
                 cancel=control.stop,
                 max_stream_retries=settings.HERMES["MAX_STREAM_RETRIES"],
             )
-            for key in _DIAG_SUMS:
-                diagnostics[key] += result.diagnostics.get(key) or 0
-            for key in ("first_token_ms", "tokens_per_s"):
-                if diagnostics.get(key) is None or key == "tokens_per_s":
-                    diagnostics[key] = result.diagnostics.get(key, diagnostics.get(key))
+            _merge_diagnostics(diagnostics, result.diagnostics)
             usage = _merge_usage(usage, result.usage)
-            if result.diagnostics.get("first_token_ms") is not None:
-                metrics.FIRST_TOKEN_S.observe(
-                    result.diagnostics["first_token_ms"] / 1000
-                )
             if result.outcome != COMPLETED or not result.tool_calls:
                 break
             history += await _run_tools(result, writer, claim, run.session_id)

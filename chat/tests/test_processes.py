@@ -34,8 +34,16 @@ def spawn_worker(fake_llm, *extra: str):
     return spawn(["manage.py", "worker", "--concurrency", "2", *extra], env, "running")
 
 
-def _tokens_journaled(run_id, at_least=3):
-    return Event.objects.filter(run_id=run_id, type="token").count() >= at_least
+def start_slow_run(server, alice, fake_llm):
+    """A run streaming slowly from the model, with a few tokens journaled already."""
+    fake_llm.push(Reply(text=LONG, tokens_per_s=40, chunk_chars=2))
+    session_id = new_session(server, alice[1])
+    run_id = start_run(server, alice[1], session_id, "talk slowly")
+    wait_until(
+        lambda: Event.objects.filter(run_id=run_id, type="token").count() >= 3,
+        timeout=15,
+    )
+    return session_id, run_id
 
 
 def test_worker_killed_mid_run_is_settled_as_lost_and_the_next_turn_works(
@@ -43,10 +51,7 @@ def test_worker_killed_mid_run_is_settled_as_lost_and_the_next_turn_works(
 ):
     proc = spawn_worker(fake_llm)
     try:
-        fake_llm.push(Reply(text=LONG, tokens_per_s=40, chunk_chars=2))
-        session_id = new_session(server, alice[1])
-        run_id = start_run(server, alice[1], session_id, "talk slowly")
-        wait_until(lambda: _tokens_journaled(run_id), timeout=15)
+        session_id, run_id = start_slow_run(server, alice, fake_llm)
         proc.send_signal(signal.SIGKILL)
         proc.wait(10)
         killed = time.monotonic()
@@ -86,10 +91,7 @@ def test_sigterm_stops_claiming_and_settles_what_outlives_the_grace_period(
 ):
     proc = spawn_worker(fake_llm, "--grace", "0.5")
     try:
-        fake_llm.push(Reply(text=LONG, tokens_per_s=40, chunk_chars=2))
-        session_id = new_session(server, alice[1])
-        run_id = start_run(server, alice[1], session_id, "talk slowly")
-        wait_until(lambda: _tokens_journaled(run_id), timeout=15)
+        session_id, run_id = start_slow_run(server, alice, fake_llm)
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(15) == 0
     finally:
@@ -110,10 +112,7 @@ def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
 ):
     proc = spawn_worker(fake_llm)
     try:
-        fake_llm.push(Reply(text=LONG, tokens_per_s=40, chunk_chars=2))
-        session_id = new_session(server, alice[1])
-        run_id = start_run(server, alice[1], session_id, "talk slowly")
-        wait_until(lambda: _tokens_journaled(run_id), timeout=15)
+        session_id, run_id = start_slow_run(server, alice, fake_llm)
         proc.send_signal(signal.SIGSTOP)
         wait_until(
             lambda: Run.objects.filter(

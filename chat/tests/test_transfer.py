@@ -8,7 +8,7 @@ from django.core.management import CommandError, call_command
 
 from chat.models import ChatSession, Message
 from chat.testing.fake_llm import Reply
-from chat.tests.test_worker import new_session, start_run, stream
+from chat.tests.test_worker import CALCULATOR_STEP, new_session, start_run, stream
 
 FIELDS = ("role", "content", "reasoning", "tool_calls", "tool_call_id", "complete")
 TOOL_CALLS = [
@@ -111,19 +111,7 @@ def _stable(line: str) -> dict:
 
 
 def test_a_session_the_worker_wrote_round_trips(server, alice, fake_llm, live_worker):
-    fake_llm.push(
-        Reply(
-            text="",
-            tool_calls=[
-                {
-                    "id": "call_1",
-                    "name": "calculator",
-                    "arguments": '{"expression": "6*7"}',
-                }
-            ],
-        ),
-        Reply(text="It is 42.", reasoning="simple"),
-    )
+    fake_llm.push(CALCULATOR_STEP, Reply(text="It is 42.", reasoning="simple"))
     session_id = new_session(server, alice[1])
     run_id = start_run(server, alice[1], session_id, "what is 6*7?")
     assert stream(server, alice[1], run_id)[-1][1] == "end"

@@ -10,6 +10,13 @@ from hermes_site.testing import read_sse, wait_until
 from journal.models import Event, Run
 
 LONG = "The quick brown fox jumps over the lazy dog. " * 8
+# A model step that only calls the calculator; the model answers on the next.
+CALCULATOR_STEP = Reply(
+    text="",
+    tool_calls=[
+        {"id": "call_1", "name": "calculator", "arguments": '{"expression": "6*7"}'}
+    ],
+)
 
 
 def start_run(server, headers, session_id, content, **extra):
@@ -206,19 +213,7 @@ def test_stream_dying_before_content_is_reopened_silently(
 
 
 def test_tool_call_step_then_answer(server, alice, fake_llm, live_worker):
-    fake_llm.push(
-        Reply(
-            text="",
-            tool_calls=[
-                {
-                    "id": "call_1",
-                    "name": "calculator",
-                    "arguments": '{"expression": "6*7"}',
-                }
-            ],
-        ),
-        Reply(text="It is 42."),
-    )
+    fake_llm.push(CALCULATOR_STEP, Reply(text="It is 42."))
     session_id = new_session(server, alice[1])
     run_id = start_run(server, alice[1], session_id, "what is 6*7?")
     events = stream(server, alice[1], run_id)
