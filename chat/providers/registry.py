@@ -96,9 +96,15 @@ def _listed_models(config: ProviderConfig) -> list[str]:
 
 def model_choices() -> list[dict]:
     """Every model a user may pick, with its provider."""
+    found = configs().values()
     seen: dict[str, str] = {}
-    for config in configs().values():
-        for model in [*config.models, *_listed_models(config)]:
+    # A model named in a provider's settings belongs to that provider, even if
+    # another endpoint lists it too.
+    for config in found:
+        for model in config.models:
+            seen.setdefault(model, config.name)
+    for config in found:
+        for model in _listed_models(config):
             seen.setdefault(model, config.name)
     return [{"id": model, "provider": provider} for model, provider in seen.items()]
 

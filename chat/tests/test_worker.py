@@ -1,5 +1,6 @@
 """The turn worker against the loopback model server, read over real sockets (DESIGN §6)."""
 
+import json
 import time
 
 import httpx
@@ -253,3 +254,40 @@ def test_second_run_while_one_is_active_is_409_and_idempotency_key_reuses(
     assert stream(server, alice[1], first)[-1][2]["status"] == "cancelled"
     listed = httpx.get(f"{server.url}/api/sessions/", headers=alice[1]).json()
     assert [s["active_run_id"] for s in listed] == [None]
+
+
+def test_models_come_from_settings_and_v1_models_across_providers(
+    server, alice, fake_llm, live_worker, monkeypatch
+):
+    from chat.providers import registry
+
+    monkeypatch.setenv(
+        "HERMES_PROVIDERS",
+        json.dumps(
+            [
+                {
+                    "name": "second",
+                    "base_url": fake_llm.base_url,
+                    "api_key_env": "SECOND_KEY",
+                    "models": ["other-model"],
+                }
+            ]
+        ),
+    )
+    registry.reset()
+    listed = httpx.get(f"{server.url}/api/models/", headers=alice[1]).json()
+    providers = {m["id"]: m["provider"] for m in listed["models"]}
+    assert providers["demo"] == "demo" and providers["fake-model"] == "openai"
+    assert providers["other-model"] == "second" and listed["default"] == "fake-model"
+    fake_llm.push(Reply(text="From the second provider."))
+    session_id = new_session(server, alice[1])
+    response = httpx.post(
+        f"{server.url}/api/sessions/{session_id}/runs/",
+        json={"content": "hi", "model": "other-model"},
+        headers=alice[1],
+    )
+    run_id = response.json()["run_id"]
+    assert text_of(stream(server, alice[1], run_id)) == "From the second provider."
+    assert Run.objects.get(id=run_id).provider == "second"
+    assert fake_llm.requests[-1].body["model"] == "other-model"
+    registry.reset()

@@ -35,6 +35,8 @@ const PORT_TTL_MS = 30000; // a tab silent this long is gone (closed without `by
 const BACKFILL_PAGE = 1000; // events per `events.json` request
 const BUFFER_SOFT_MAX = 20000; // past this, events every watcher has are forgotten
 
+// The journaled types of stream.js, repeated: this worker imports nothing so it
+// also runs where module workers do not.
 const EVENT_TYPES = [
   "start",
   "token",
