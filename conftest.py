@@ -1,9 +1,16 @@
 """Fixtures shared by every test: users, runs, and a real ASGI server."""
 
+import os
+
 import pytest
 
-from hermes_site.testing import AsgiServer, make_user
+from hermes_testing.harness import AsgiServer, make_user
 from journal import dbpool
+
+# Worker processes the tests start inherit this: no title run after a chat's
+# first answer (one more model request than a test scripts or counts). In this
+# process `_no_titles` says the same; tests of titles turn them on.
+os.environ["HERMES_TITLES"] = "0"
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -11,6 +18,31 @@ def _close_pool_connections(django_db_setup):
     """Pool threads hold connections; close them before the test database goes."""
     yield
     dbpool.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _fresh_request_throttles():
+    """Throttle counters are keyed by user id, and ids repeat from test to test:
+    each test starts with none. Only a cache in this process's memory is
+    cleared, never a shared one."""
+    from django.core.cache import caches
+    from django.core.cache.backends.locmem import LocMemCache
+
+    if isinstance(caches["default"], LocMemCache):
+        caches["default"].clear()
+
+
+@pytest.fixture(autouse=True)
+def _no_titles(settings):
+    """A generated title is one more model request after a chat's first answer;
+    tests that count requests or notices do not expect it. Tests of titles
+    turn them on (`titles_on`)."""
+    settings.HERMES = {**settings.HERMES, "TITLES": False}
+
+
+@pytest.fixture
+def titles_on(_no_titles, settings):
+    settings.HERMES = {**settings.HERMES, "TITLES": True}
 
 
 @pytest.fixture(scope="session")
@@ -45,7 +77,7 @@ def bob(transactional_db, django_user_model):
 
 @pytest.fixture(scope="session")
 def _fake_llm_server():
-    from chat.testing.fake_llm import FakeLLM
+    from hermes_testing.fake_llm import FakeLLM
 
     with FakeLLM(models=["fake-model", "other-model"]) as fake:
         yield fake
@@ -53,7 +85,7 @@ def _fake_llm_server():
 
 @pytest.fixture
 def fake_llm(_fake_llm_server, settings):
-    """The loopback OpenAI-compatible server, wired as provider `openai`, model `fake-model`."""
+    """The loopback OpenAI-compatible server: provider `openai`, model `fake-model`."""
     from chat.providers import registry
 
     _fake_llm_server.reset()
@@ -77,3 +109,31 @@ def live_worker(server, fake_llm):
     server.call(worker.start())
     yield worker
     server.call(worker.stop(grace_s=5))
+
+
+@pytest.fixture
+def private_redis(settings):
+    """A redis-server of the test's own as the channel layer; killable at will."""
+    from hermes_testing.private_servers import PrivateRedis
+    from journal.outages import Outage
+
+    Outage._all.clear()
+    with PrivateRedis() as redis_server:
+        settings.CHANNEL_LAYERS = {
+            "default": {
+                "BACKEND": "channels_redis.core.RedisChannelLayer",
+                "CONFIG": {"hosts": [redis_server.url], "capacity": 1000},
+            }
+        }
+        yield redis_server
+    Outage._all.clear()
+
+
+@pytest.fixture
+def root(transactional_db, django_user_model, client):
+    """A superuser, signed in on the test `client` (the admin's tests)."""
+    user = django_user_model.objects.create_superuser(
+        "root", "root@example.com", "pw-rootroot"
+    )
+    client.force_login(user)
+    return user

@@ -2,7 +2,17 @@
 
 Not a benchmark and not a test. Each `bench_*.py` runs in a process of its own
 whose environment names the backend (settings are read from the environment at
-import time); `prepare()` builds that environment and a fresh database for it.
+import time); `prepared()` builds that environment and a fresh database for it,
+and removes that database afterwards.
+
+A benchmark touches only what it made. Scale-out runs on the servers
+`DATABASE_URL` and `REDIS_URL` name (nothing is assumed about addresses): each
+benchmark gets a PostgreSQL database of its own, `hermes_bench_<pid>_<random>`,
+created next to the configured one, and a Redis key prefix of the same name for
+its channel layer (`HERMES_CHANNEL_PREFIX`). Afterwards that database is dropped
+and the keys under that prefix are deleted; `drop_database` and `delete_keys`
+refuse any name this process did not create. The configured database itself
+and every other key are never written.
 """
 
 from __future__ import annotations
@@ -13,6 +23,7 @@ import fcntl
 import json
 import os
 import platform
+import secrets
 import shutil
 import socket
 import subprocess
@@ -20,7 +31,10 @@ import sys
 import threading
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
+from typing import IO
+from urllib.parse import urlsplit, urlunsplit
 
 from clients import (  # noqa: F401  (re-exported: benchmarks use common.Reader …)
     FrameReader,
@@ -38,9 +52,10 @@ RESULTS = VAR / "results"
 DOC = ROOT / "docs" / "benchmarks.md"
 PY = sys.executable
 
-PG_ADMIN_URL = "postgresql://postgres@127.0.0.1:5432/postgres"
-PG_URL = "postgres://postgres@127.0.0.1:5432/hermes_bench"
-REDIS_URL = "redis://127.0.0.1:6379/1"
+# The servers the operator configured; scale-out benchmarks make their own
+# database and key prefix on them.
+DATABASE_URL = os.environ.get("DATABASE_URL", "")
+REDIS_URL = os.environ.get("REDIS_URL", "")
 BACKENDS = ("embedded", "scaleout")
 BACKEND_LABEL = {
     "embedded": "embedded (SQLite WAL, in-memory channel layer)",
@@ -63,6 +78,15 @@ def base_env() -> dict:
     env["DJANGO_SETTINGS_MODULE"] = "hermes_site.settings"
     env["PYTHONPATH"] = str(ROOT)
     env.setdefault("HERMES_LOG_LEVEL", "WARNING")
+    # One bench user drives hundreds of runs and streams: lift the per-user
+    # limits (chat.limits) that protect a shared server from one account.
+    env.update(
+        HERMES_USER_MAX_CONCURRENT_RUNS="100000",
+        HERMES_USER_RUNS_PER_MINUTE="100000",
+        HERMES_USER_MAX_STREAMS="100000",
+        HERMES_USER_MAX_SESSIONS="100000",
+        HERMES_USER_REQUEST_RATE="1000000/min",
+    )
     return env
 
 
@@ -73,53 +97,121 @@ def child_env(**overrides: str) -> dict:
     return env
 
 
-def _fresh_postgres() -> None:
+_created_databases: set[str] = set()  # made by this process, not yet dropped
+_created_prefixes: set[str] = set()
+
+
+def unique_name() -> str:
+    """A name no other run uses: `hermes_bench_<pid>_<random>`."""
+    return f"hermes_bench_{os.getpid()}_{secrets.token_hex(4)}"
+
+
+def database_url(name: str) -> str:
+    """`DATABASE_URL` with its database replaced by `name` (same server, user)."""
+    parts = urlsplit(DATABASE_URL)
+    return urlunsplit(parts._replace(path=f"/{name}"))
+
+
+def create_database(name: str) -> str:
+    """Create database `name` on the configured server; returns its URL."""
     import psycopg
+    from psycopg import sql
 
-    with psycopg.connect(PG_ADMIN_URL, autocommit=True) as conn:
-        conn.execute("DROP DATABASE IF EXISTS hermes_bench WITH (FORCE)")
-        conn.execute("CREATE DATABASE hermes_bench")
+    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    _created_databases.add(name)
+    return database_url(name)
 
 
-def _fresh_redis() -> None:
+def drop_database(name: str) -> None:
+    """Drop database `name`, which this process must have created."""
+    import psycopg
+    from psycopg import sql
+
+    if name not in _created_databases:
+        raise RuntimeError(f"refusing to drop database {name!r}: not made by this run")
+    with psycopg.connect(DATABASE_URL, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(
+                sql.Identifier(name)
+            )
+        )
+    _created_databases.discard(name)
+
+
+def claim_prefix(prefix: str) -> str:
+    """Reserve a Redis key prefix for this run's channel layer."""
+    _created_prefixes.add(prefix)
+    return prefix
+
+
+def delete_keys(prefix: str) -> int:
+    """Delete the keys under `prefix`, which this process must have claimed."""
     import redis
 
-    redis.Redis.from_url(REDIS_URL).flushdb()
+    if prefix not in _created_prefixes:
+        raise RuntimeError(f"refusing to delete keys {prefix!r}*: not made by this run")
+    client = redis.Redis.from_url(REDIS_URL)
+    deleted = 0
+    batch = []
+    for key in client.scan_iter(match=f"{prefix}*", count=1000):
+        batch.append(key)
+        if len(batch) == 1000:
+            deleted += int(client.delete(*batch))  # type: ignore[arg-type]
+            batch = []
+    if batch:
+        deleted += int(client.delete(*batch))  # type: ignore[arg-type]
+    _created_prefixes.discard(prefix)
+    return deleted
 
 
-def prepare(backend: str, name: str) -> dict:
-    """A fresh, migrated database for benchmark `name`; returns the child env."""
+@contextlib.contextmanager
+def prepared(backend: str) -> Iterator[dict]:
+    """A fresh, migrated database for one benchmark; yields the child env.
+
+    Embedded: a SQLite file of its own under var/bench/. Scale-out: a database
+    and a Redis key prefix of its own on the configured servers. Whatever was
+    made here is removed on the way out, and nothing else.
+    """
     env = base_env()
     env["HERMES_BENCH_BACKEND"] = backend
+    name = unique_name()
     if backend == "embedded":
         VAR.mkdir(parents=True, exist_ok=True)
         path = VAR / f"{name}.sqlite3"
-        for suffix in ("", "-wal", "-shm"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
         env["HERMES_SQLITE_PATH"] = str(path)
     elif backend == "scaleout":
-        _fresh_postgres()
-        _fresh_redis()
-        env["DATABASE_URL"] = PG_URL
+        env["DATABASE_URL"] = create_database(name)
         env["REDIS_URL"] = REDIS_URL
+        env["HERMES_CHANNEL_PREFIX"] = claim_prefix(f"{name}:")
     else:
         raise ValueError(f"unknown backend {backend!r}")
-    subprocess.run(
-        [PY, "manage.py", "migrate", "--noinput", "-v", "0"],
-        cwd=ROOT,
-        env=env,
-        check=True,
-    )
-    return env
+    try:
+        subprocess.run(
+            [PY, "manage.py", "migrate", "--noinput", "-v", "0"],
+            cwd=ROOT,
+            env=env,
+            check=True,
+        )
+        yield env
+    finally:
+        if backend == "embedded":
+            for suffix in ("", "-wal", "-shm"):
+                Path(f"{path}{suffix}").unlink(missing_ok=True)
+        else:
+            drop_database(name)
+            delete_keys(env["HERMES_CHANNEL_PREFIX"])
 
 
 def scaleout_available() -> str | None:
-    """None if PostgreSQL and Redis answer, else why not."""
+    """None if the configured PostgreSQL and Redis answer, else why not."""
+    if not DATABASE_URL.startswith(("postgres://", "postgresql://")) or not REDIS_URL:
+        return "set DATABASE_URL (PostgreSQL) and REDIS_URL to the servers to use"
     try:
         import psycopg
         import redis
 
-        psycopg.connect(PG_ADMIN_URL, connect_timeout=3).close()
+        psycopg.connect(DATABASE_URL, connect_timeout=3).close()
         redis.Redis.from_url(REDIS_URL, socket_connect_timeout=3).ping()
     except Exception as exc:  # noqa: BLE001  (any failure means: skip scale-out)
         return f"{type(exc).__name__}: {exc}"
@@ -147,10 +239,12 @@ def bench_main(name: str, run, parser) -> None:
         backends = BACKENDS if args.backend == "both" else (args.backend,)
         failed = 0
         for backend in backends:
-            env = prepare(backend, name)
-            # argparse keeps the last --backend given
-            argv = [sys.argv[0], *sys.argv[1:], "--backend", backend]
-            failed += subprocess.call([PY, *argv], env=env) != 0
+            if backend == "scaleout" and (why := scaleout_available()):
+                sys.exit(f"scale-out needs PostgreSQL and Redis: {why}")
+            with prepared(backend) as env:
+                # argparse keeps the last --backend given
+                argv = [sys.argv[0], *sys.argv[1:], "--backend", backend]
+                failed += subprocess.call([PY, *argv], env=env) != 0
         sys.exit(1 if failed else 0)
     setup_django()
     started, load_before = time.monotonic(), os.getloadavg()[0]
@@ -264,6 +358,7 @@ class Child:
                 time.sleep(0.05)
 
     def _drain(self) -> None:
+        assert self.proc.stdout is not None
         for line in self.proc.stdout:
             self.log.append(line)
             if self._ready_text and self._ready_text in line:
@@ -319,12 +414,18 @@ def _accepts(port: int) -> bool:
         return False
 
 
-def daphne(env: dict, port: int, app: str = "hermes_site.asgi:application") -> Child:
+def daphne(
+    env: dict,
+    port: int,
+    app: str = "hermes_site.asgi:application",
+    timeout: float = 60,
+) -> Child:
     return Child(
         ["-m", "daphne", "-b", "127.0.0.1", "-p", str(port), app],
         env,
         port=port,
         name="daphne",
+        timeout=timeout,
     )
 
 
@@ -366,7 +467,10 @@ class Helper:
             stdout=subprocess.PIPE,
             text=True,
         )
-        line = self.proc.stdout.readline()
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self._in: IO[str] = self.proc.stdin
+        self._out: IO[str] = self.proc.stdout
+        line = self._out.readline()
         if not line.startswith(ready):
             self.proc.kill()
             raise RuntimeError(f"{args[0]} did not start: {line!r}")
@@ -374,9 +478,9 @@ class Helper:
         self.pid = self.proc.pid
 
     def command(self, *words) -> dict:
-        self.proc.stdin.write(" ".join(str(w) for w in words) + "\n")
-        self.proc.stdin.flush()
-        return json.loads(self.proc.stdout.readline())
+        self._in.write(" ".join(str(w) for w in words) + "\n")
+        self._in.flush()
+        return json.loads(self._out.readline())
 
     def cpu_s(self) -> float:
         with open(f"/proc/{self.pid}/stat") as f:
@@ -386,8 +490,8 @@ class Helper:
     def stop(self) -> None:
         if self.proc.poll() is None:
             try:
-                self.proc.stdin.write("quit\n")
-                self.proc.stdin.flush()
+                self._in.write("quit\n")
+                self._in.flush()
                 self.proc.wait(10)
             except (BrokenPipeError, ValueError, subprocess.TimeoutExpired):
                 self.proc.kill()
@@ -467,8 +571,9 @@ def _pg_version() -> str:
     try:
         import psycopg
 
-        with psycopg.connect(PG_ADMIN_URL) as conn:
-            return "PostgreSQL " + conn.execute("SHOW server_version").fetchone()[0]
+        with psycopg.connect(DATABASE_URL) as conn:
+            row = conn.execute("SHOW server_version").fetchone()
+            return "PostgreSQL " + (row[0] if row else "(version unknown)")
     except Exception:  # noqa: BLE001
         return "PostgreSQL (version unknown)"
 
@@ -477,7 +582,9 @@ def _redis_version() -> str:
     try:
         import redis
 
-        return "Redis " + redis.Redis.from_url(REDIS_URL).info()["redis_version"]
+        info = redis.Redis.from_url(REDIS_URL).info()
+        # redis-py types its sync and asyncio clients' answers as one union
+        return "Redis " + info["redis_version"]  # type: ignore[index]
     except Exception:  # noqa: BLE001
         return "Redis (version unknown)"
 
@@ -494,8 +601,10 @@ DOC_HEAD = """# Hermes benchmarks
 
 Generated by `bench/run_all.py` (`make bench`); each `bench/bench_*.py` rewrites
 its own sections (between HTML comment markers named after it) and leaves the
-rest of this file alone. Targets are those of DESIGN §9. How each number is
-measured is said under each table.
+rest of this file alone. Targets are those of docs/architecture.md §9. How each
+number is measured is said under each table. Scale-out runs on the PostgreSQL and
+Redis that `DATABASE_URL` and `REDIS_URL` name, in a database and key prefix made
+for each benchmark and removed after it.
 """
 
 

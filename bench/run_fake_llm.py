@@ -1,6 +1,6 @@
 """The project's loopback model server as a benchmark helper process.
 
-`FakeLLM` from `chat.testing.fake_llm`, plus two things a benchmark needs:
+`FakeLLM` from `hermes_testing.fake_llm`, plus two things a benchmark needs:
 
 - a gate: streaming requests wait at it until it opens, so that every reader is
   attached before the first token is sent and many runs start together;
@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from chat.testing.fake_llm import FakeLLM, Reply, _StreamWriter  # noqa: E402
+from hermes_testing.fake_llm import FakeLLM, Reply, _StreamWriter  # noqa: E402
 
 TOKEN_INDEX = re.compile(rb'"content":" w(\d+)"')
 
@@ -72,6 +72,7 @@ class BenchLLM(FakeLLM):
             (self.gate.set if is_open else self.gate.clear)()
             done.set()
 
+        assert self._loop is not None, "not started"
         self._loop.call_soon_threadsafe(flip)
         done.wait(5)
 
@@ -82,10 +83,12 @@ def _marker(rec) -> str:
 
 
 def main() -> None:
-    fake = BenchLLM(models=["fake-model"]).start()
+    fake = BenchLLM(models=["fake-model"])
+    fake.start()
     print(f"FAKE {fake.base_url}", flush=True)
     for line in sys.stdin:
         word, _, rest = line.strip().partition(" ")
+        answer: dict
         if word == "default":
             fake.default = Reply(**json.loads(rest))
             answer = {"ok": True}

@@ -63,7 +63,7 @@ def apply() -> set[str]:
             chat.api,
             chat.snapshot,
         ):
-            module.read_after = bounded_read_after
+            vars(module)["read_after"] = bounded_read_after
     for name in names:
         if name.startswith("switch-interval:"):
             sys.setswitchinterval(float(name.split(":")[1]))

@@ -1,4 +1,5 @@
 from django.apps import AppConfig
+from django.db.models.signals import post_migrate
 
 
 class ChatConfig(AppConfig):
@@ -6,4 +7,15 @@ class ChatConfig(AppConfig):
     verbose_name = "Chat"
 
     def ready(self) -> None:
-        from . import services  # noqa: F401  (connects the journal signal receivers)
+        from . import (  # noqa: F401  (receivers)
+            checks,
+            metrics,
+            pending,
+            search,
+            services,
+        )
+
+        metrics.register()  # this process's model requests, in /metrics
+        # A migration that remakes chat_message on SQLite drops the search's
+        # triggers with it; they come back after every migrate.
+        post_migrate.connect(search.fts_repair, sender=self)

@@ -1,4 +1,4 @@
-"""The WebSocket transport: `/ws/runs/<id>/?after_seq=` (DESIGN §5).
+"""The WebSocket transport: `/ws/runs/<id>/?after_seq=` (docs/architecture.md §5).
 
 Same cursor rules and reading core as the SSE view; frames are JSON
 `{id, seq, event, data}`. The replay runs in a task so the consumer keeps
@@ -6,20 +6,41 @@ handling the client (and its disconnect) meanwhile.
 """
 
 import asyncio
+import logging
 from urllib.parse import parse_qsl
 
 from channels.generic.websocket import AsyncWebsocketConsumer
 
-from journal import dbpool
-from journal.cursor import cursor_from_request
-from journal.subscribe import subscribe
+from hermes_site.backpressure import (
+    CLOSE_TOO_SLOW,
+    let_websocket_close_after_flush,
+    too_slow_reason,
+    transport_of,
+    wait_drained,
+)
+from journal import dbpool, wire
+from journal.cursor import Verdict, cursor_from_request, decide_for_run
+from journal.outages import DATABASE, DATABASE_ERRORS, outage
+from journal.subscribe import subscribe_frames
 
-from .access import NotFound, run_get_for_owner, user_from_token_header
+from . import limits
+from .access import (
+    NotFound,
+    credential_of_scope,
+    run_get_for_owner,
+    until_revoked,
+    user_from_token_header,
+)
+
+log = logging.getLogger(__name__)
 
 # Close codes in the 4000 range mirror the HTTP statuses of the SSE view.
 CLOSE_UNAUTHORISED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_GONE = 4410
+CLOSE_TRY_AGAIN = 1013  # the database is unavailable: reconnect shortly
+# Outcomes that end the socket before any frame (the SSE view's 410 and 204).
+CLOSE_FOR = {Verdict.GONE: CLOSE_GONE, Verdict.DONE: 1000}
 
 
 def _authorize(scope, run_id: str):
@@ -42,13 +63,18 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
 
     async def connect(self):
         self.pump: asyncio.Task | None = None
+        self.slot: limits.StreamSlot | None = None
         run_id = self.scope["url_route"]["kwargs"]["run_id"]
-        run, code = await dbpool.readers.run(_authorize, self.scope, run_id)
+        try:
+            run, code = await dbpool.readers.run(_authorize, self.scope, run_id)
+        except DATABASE_ERRORS as exc:  # the SSE view's 503
+            outage(DATABASE).failed("websocket connect", exc)
+            run, code = None, CLOSE_TRY_AGAIN
         # Accept before refusing: a close code (unlike a bare 403) tells the
         # client why, as the SSE view's status does.
         await self.accept()
-        if run is None or run.pruned_at is not None:
-            await self.close(code=code or CLOSE_GONE)
+        if run is None:
+            await self.close(code=code)
             return
         headers = dict(self.scope.get("headers", ()))
         last_event_id = headers.get(b"last-event-id", b"").decode("latin-1") or None
@@ -60,23 +86,40 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
             run_id=run.id,
             last_seq=run.last_seq,
         )
-        if run.is_terminal and cursor.after_seq >= run.last_seq:
-            await self.close(code=1000)
+        outcome = decide_for_run(run, cursor)
+        if outcome.verdict in CLOSE_FOR:  # journal.cursor's outcome table
+            await self.close(code=CLOSE_FOR[outcome.verdict])
             return
-        self.pump = asyncio.create_task(self._pump(run.id, cursor.after_seq))
+        self.slot = await limits.hold_ws_slot(self, run.owner_id)  # or 4429
+        if self.slot is None:
+            return
+        self.credential = credential_of_scope(self.scope, run.owner_id)
+        self.pump = asyncio.create_task(self._pump(run.id, outcome.after_seq))
 
     async def _pump(self, run_id: str, after_seq: int) -> None:
-        async for batch in subscribe(run_id, after_seq=after_seq, idle_s=3600):
-            for r in batch:
-                await self.send(
-                    text_data=(
-                        f'{{"id":"{run_id}:{r.seq}","seq":{r.seq},'
-                        f'"event":"{r.type}","data":{r.payload}}}'
-                    )
-                )
-        await self.close(code=1000)
+        # Under daphne, frames wait while this client has too much unsent
+        # (hermes_site/backpressure.py); one that stays behind is closed.
+        transport = transport_of(self.base_send)
+        let_websocket_close_after_flush(self.base_send)  # the close waits its turn
+        revoked: list[bool] = []  # ends the stream when the credential goes
+        # Frames shared by every reader of the run's hub (wire.JSON_FRAMES).
+        batches = subscribe_frames(
+            run_id, wire.JSON_FRAMES, after_seq=after_seq, idle_s=3600
+        )
+        async for batch in until_revoked(batches, self.credential, revoked):
+            for frame in batch:
+                await self.send(text_data=frame)
+                pending = await wait_drained(transport)
+                if pending:
+                    reason = too_slow_reason(pending)
+                    log.info("websocket closed: %s", reason)
+                    await self.close(code=CLOSE_TOO_SLOW, reason=reason[:120])
+                    return
+        await self.close(code=CLOSE_UNAUTHORISED if revoked else 1000)
 
     async def disconnect(self, code):
+        if self.slot is not None:
+            self.slot.release()
         if self.pump is not None:
             self.pump.cancel()
             await asyncio.gather(self.pump, return_exceptions=True)

@@ -1,15 +1,16 @@
-"""The live snapshot of a session's active run, rebuilt from the journal (DESIGN §5).
+"""The live snapshot of a session's active run, rebuilt from the journal.
+See docs/architecture.md §5.
 
-A reloaded page renders it, then attaches after `last_seq`. It is bounded
+A reloaded page draws its parts in journal order (text, reasoning and tool
+cards as they streamed), then attaches after `last_seq`. It is bounded
 whatever the model did, and reading it changes nothing.
 """
 
-import json
-
+from journal.fold import Fold, Part
 from journal.models import Run
 from journal.store import READ_PAGE, read_after
 
-MAX_ITEMS = 64  # tool cards and status lines kept
+MAX_ITEMS = 64  # parts (text, reasoning, tool cards) and status lines kept
 MAX_FIELD = 8 * 1024  # per tool argument or result string
 MAX_TEXT = 150 * 1024  # text + reasoning; beyond it the page replays from seq 0
 MAX_TOTAL = 190 * 1024  # everything, leaving room for the session fields (< 200 KB)
@@ -19,58 +20,56 @@ def _clip(value: str, limit: int = MAX_FIELD) -> str:
     return value if len(value) <= limit else value[:limit] + "…"
 
 
-def _fit_tools(tools: list[dict], budget: int) -> list[dict]:
+def _bound(fold: Fold) -> bool:
+    """Clip the fold to the snapshot's limits, in place, between pages: tool
+    fields clipped, the oldest tool cards dropped while there are too many
+    parts, the newest statuses kept. False if it cannot fit (too much text,
+    or too many text segments even without tool cards)."""
+    for part in fold.parts:
+        if part["kind"] == "tool":
+            part["args"] = _clip(part["args"])
+            part["result"] = part["result"] and _clip(part["result"])
+    fold.statuses[:] = [_clip(m) for m in fold.statuses[-MAX_ITEMS:]]
+    while len(fold.parts) > MAX_ITEMS:
+        oldest = next((p for p in fold.parts if p["kind"] == "tool"), None)
+        if oldest is None:
+            return False
+        fold.forget_tool(oldest)
+    return _text_size(fold.parts) <= MAX_TEXT
+
+
+def _text_size(parts: list[Part]) -> int:
+    return sum(len(p["text"]) for p in parts if p["kind"] != "tool")
+
+
+def _fit_tools(parts: list[Part], budget: int) -> list[Part]:
     """Clip tool arguments and results further so that all of them fit `budget`."""
+    tools = [p for p in parts if p["kind"] == "tool"]
     used = sum(len(t["args"]) + len(t["result"] or "") for t in tools)
     if used <= budget or not tools:
-        return tools
+        return parts
     per_field = max(64, budget // (2 * len(tools)))
     return [
         {
-            **t,
-            "args": _clip(t["args"], per_field),
-            "result": t["result"] and _clip(t["result"], per_field),
+            **p,
+            "args": _clip(p["args"], per_field),
+            "result": p["result"] and _clip(p["result"], per_field),
         }
-        for t in tools
+        if p["kind"] == "tool"
+        else p
+        for p in parts
     ]
 
 
 def run_snapshot(run: Run) -> dict:
-    text: list[str] = []
-    reasoning: list[str] = []
-    tools: dict[str, dict] = {}
-    statuses: list[str] = []
-    size = 0
+    """The run's folded turn so far (`journal.fold`), bounded for the page."""
+    fold = Fold()
     after = 0
-    last_seq = 0
     while True:
         page = read_after(run_id=run.id, after_seq=after, limit=READ_PAGE)
         for record in page:
-            data = json.loads(record.payload)
-            if record.type == "token":
-                text.append(data["text"])
-                size += len(data["text"])
-            elif record.type == "reasoning":
-                reasoning.append(data["text"])
-                size += len(data["text"])
-            elif record.type == "tool":
-                if len(tools) >= MAX_ITEMS:  # keep the most recent cards
-                    del tools[next(iter(tools))]
-                tools[data["tool_call_id"]] = {
-                    "tool_call_id": data["tool_call_id"],
-                    "name": data["name"],
-                    "args": _clip(data["args"]),
-                    "result": None,
-                    "is_error": False,
-                }
-            elif record.type == "tool_complete" and data["tool_call_id"] in tools:
-                tools[data["tool_call_id"]].update(
-                    result=_clip(data["result"]), is_error=data["is_error"]
-                )
-            elif record.type == "status":
-                statuses = [*statuses[-(MAX_ITEMS - 1) :], _clip(data["message"])]
-            last_seq = record.seq
-        if size > MAX_TEXT:
+            fold.feed(record)
+        if not _bound(fold):
             return {
                 "run_id": run.id,
                 "status": run.status,
@@ -80,23 +79,22 @@ def run_snapshot(run: Run) -> dict:
         if len(page) < READ_PAGE:
             break
         after = page[-1].seq
-    budget = MAX_TOTAL - size - sum(len(m) for m in statuses)
+    turn = fold.turn()
+    budget = MAX_TOTAL - _text_size(turn["parts"]) - sum(map(len, turn["statuses"]))
     return {
         "run_id": run.id,
         "status": run.status,
         "too_large": False,
-        "text": "".join(text),
-        "reasoning": "".join(reasoning),
-        "tools": _fit_tools(list(tools.values()), budget),
-        "statuses": statuses,
-        "last_seq": last_seq,
+        "parts": _fit_tools(turn["parts"], budget),
+        "statuses": turn["statuses"],
+        "last_seq": turn["last_seq"],
     }
 
 
 def session_live(session) -> dict:
     """`active_run` (a snapshot) for a session with a queued or running run."""
     run = (
-        Run.objects.filter(session=session, status__in=Run.ACTIVE)
+        Run.objects.filter(turn__session=session, status__in=Run.ACTIVE)
         .order_by("-created_at")
         .first()
     )

@@ -1,23 +1,31 @@
-"""The SSE transport: `GET /api/runs/<id>/events/` (DESIGN §5).
+"""The SSE transport: `GET /api/runs/<id>/events/` (docs/architecture.md §5).
 
 Parses, authorises and serialises; reading is `journal.subscribe`. Database
 work goes through the shared pool so a streaming request holds no connection.
 """
 
 import asyncio
-import json
 
 from channels.layers import get_channel_layer
 from django.conf import settings
 from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
 from django.urls import reverse
 
-from journal import dbpool
-from journal.cursor import cursor_from_request
+from journal import dbpool, wire
+from journal.cursor import Verdict, cursor_from_request, decide_for_run
+from journal.outages import CHANNEL_LAYER, Backoff, outage
 from journal.publish import owner_group
-from journal.subscribe import subscribe
+from journal.subscribe import subscribe_frames
 
-from .access import NotFound, run_get_for_owner, user_from_request
+from . import limits
+from .access import (
+    NotFound,
+    credential_of_request,
+    run_get_for_owner,
+    until_revoked,
+    user_from_request,
+)
+from .models import session_of_subject, turn_of
 
 
 def _authorize(request, run_id: str):
@@ -31,14 +39,15 @@ def _authorize(request, run_id: str):
 
 
 def pruned_response(run) -> JsonResponse:
+    turn = turn_of(run)
     return JsonResponse(
         {
             "error": "this run's events were pruned by retention",
             "run_id": run.id,
-            "session_id": run.session_id,
+            "session_id": turn.session_id if turn else None,
             "transcript_url": (
-                reverse("api-session-messages", args=[run.session_id])
-                if run.session_id
+                reverse("api-session-messages", args=[turn.session_id])
+                if turn
                 else None
             ),
         },
@@ -50,41 +59,44 @@ async def run_events(request, run_id: str):
     run, error = await dbpool.readers.run(_authorize, request, run_id)
     if error is not None:
         return error
-    if run.pruned_at is not None:
-        return pruned_response(run)
     cursor = cursor_from_request(
         query=request.GET,
         last_event_id=request.headers.get("Last-Event-ID"),
         run_id=run.id,
         last_seq=run.last_seq,
     )
-    if run.is_terminal and cursor.after_seq >= run.last_seq:
+    outcome = decide_for_run(run, cursor)
+    if outcome.verdict is Verdict.GONE:
+        return pruned_response(run)
+    if outcome.verdict is Verdict.DONE:
         return HttpResponse(status=204)  # stops EventSource from retrying
+    frames = _frames(run.id, outcome.after_seq, outcome.note)
+    # Ends when the token or session is revoked (chat.access.Credential).
+    credential = credential_of_request(request, run.owner_id)
     response = StreamingHttpResponse(
-        _frames(run.id, cursor.after_seq, cursor.unusable_reason),
-        content_type="text/event-stream",
+        until_revoked(frames, credential, []), content_type="text/event-stream"
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"  # no proxy buffering of a live stream
-    return response
+    return limits.hold_stream_slot(run.owner_id, response)  # or 429 (chat.limits)
 
 
-async def _frames(run_id: str, after_seq: int, unusable_reason: str):
+async def _frames(run_id: str, after_seq: int, note: str):
     hermes = settings.HERMES
-    head = f"retry: {hermes['SSE_RETRY_MS']}\n\n"
-    if unusable_reason:
-        head += f": cursor unusable ({unusable_reason}); replaying from the start\n\n"
+    head = wire.sse_retry(hermes["SSE_RETRY_MS"])
+    if note:
+        head += wire.unusable_cursor_note(note)
     yield head
-    async for batch in subscribe(
-        run_id, after_seq=after_seq, idle_s=hermes["SSE_KEEPALIVE_S"]
+    # Writes of about 32 KiB (wire.SSE): the server's backpressure acts
+    # between them. Live ones are shared by every reader of the run's hub.
+    async for writes in subscribe_frames(
+        run_id, wire.SSE, after_seq=after_seq, idle_s=hermes["SSE_KEEPALIVE_S"]
     ):
-        if not batch:
-            yield ": keepalive\n\n"
+        if not writes:
+            yield wire.KEEPALIVE
             continue
-        yield "".join(
-            f"id: {run_id}:{r.seq}\nevent: {r.type}\ndata: {r.payload}\n\n"
-            for r in batch
-        )
+        for chunk in writes:
+            yield chunk
 
 
 def _authenticated_user_id(request) -> int | None:
@@ -100,30 +112,68 @@ async def user_stream(request):
     user_id = await dbpool.readers.run(_authenticated_user_id, request)
     if user_id is None:
         return JsonResponse({"error": "authentication required"}, status=401)
+    credential = credential_of_request(request, user_id)
     response = StreamingHttpResponse(
-        _notifications(user_id), content_type="text/event-stream"
+        until_revoked(_notifications(user_id), credential, []),
+        content_type="text/event-stream",
     )
     response["Cache-Control"] = "no-cache"
     response["X-Accel-Buffering"] = "no"
-    return response
+    return limits.hold_stream_slot(user_id, response)  # or 429 (chat.limits)
+
+
+def for_page(data: dict) -> dict:
+    """A notification as the page reads it: a run's journal `subject` (the end
+    of a run, from `journal.publish`) also as the `session_id` it names."""
+    if "subject" in data and "session_id" not in data:
+        return {**data, "session_id": session_of_subject(data["subject"])}
+    return data
 
 
 async def _notifications(user_id: int):
+    """The user's notifications; rejoins the group after a channel-layer outage.
+
+    While the layer is down the stream sends keepalives and rejoins with
+    backoff; notifications published meanwhile are lost (they are not
+    journaled), so a rejoin tells the page to refetch, as a reconnect does.
+    """
     hermes = settings.HERMES
+    keepalive_s = hermes["SSE_KEEPALIVE_S"]
     layer = get_channel_layer()
-    channel = await layer.new_channel()
     group = owner_group(user_id)
-    await layer.group_add(group, channel)
+    channel: str | None = None
+    backoff = Backoff(first=0.2, cap=5.0)
     try:
-        yield f"retry: {hermes['SSE_RETRY_MS']}\n\nevent: hello\ndata: {{}}\n\n"
+        yield wire.sse_retry(hermes["SSE_RETRY_MS"]) + wire.sse_message("hello", {})
         while True:
+            if channel is None:
+                try:
+                    channel = await layer.new_channel()
+                    await layer.group_add(group, channel)
+                except Exception as exc:
+                    outage(CHANNEL_LAYER).failed("notification join", exc)
+                    channel = None
+                    yield wire.KEEPALIVE
+                    await asyncio.sleep(min(backoff.next_delay(), keepalive_s))
+                    continue
+                if backoff.attempt:  # back after an outage: refetch what was missed
+                    outage(CHANNEL_LAYER).recovered()
+                    yield wire.sse_message("hello", {})
+                backoff.reset()
             try:
-                message = await asyncio.wait_for(
-                    layer.receive(channel), hermes["SSE_KEEPALIVE_S"]
-                )
+                message = await asyncio.wait_for(layer.receive(channel), keepalive_s)
             except TimeoutError:
-                yield ": keepalive\n\n"
+                yield wire.KEEPALIVE
                 continue
-            yield f"event: {message['event']}\ndata: {json.dumps(message['data'])}\n\n"
+            except Exception as exc:
+                outage(CHANNEL_LAYER).failed("notification receive", exc)
+                channel = None
+                backoff.next_delay()  # marks the outage for the rejoin above
+                continue
+            yield wire.sse_message(message["event"], for_page(message["data"]))
     finally:
-        await layer.group_discard(group, channel)
+        if channel is not None:
+            try:
+                await layer.group_discard(group, channel)
+            except Exception as exc:  # the membership expires on its own
+                outage(CHANNEL_LAYER).failed("group discard", exc)

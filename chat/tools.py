@@ -1,4 +1,4 @@
-"""Tools the model may call (DESIGN §6, "Tools").
+"""Tools the model may call (docs/architecture.md §6, "Tools").
 
 A process-wide registry of :class:`Tool`. The built-ins touch nothing outside
 the process: ``current_time`` and ``calculator`` (arithmetic parsed with
@@ -8,7 +8,11 @@ lists it in ``settings.HERMES["TOOLS"]``; when that setting is absent, exactly
 the safe built-ins are enabled.
 
 ``run_tool`` never raises for a tool's failure: it returns ``(text, True)`` so
-the model sees the error and the turn goes on.
+the model sees the error and the turn goes on. Sync tools run in a tool
+process (``chat.toolpool``) that is killed when it runs too long, with bounded
+memory and CPU; a model step gets at most ``HERMES_MAX_TOOL_CALLS_PER_STEP``
+calls, the rest answer an error. The calculator also bounds every operation's
+size before doing it, so an expression is refused rather than computed slowly.
 """
 
 from __future__ import annotations
@@ -28,12 +32,18 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.conf import settings
 
+from . import toolpool
+
 logger = logging.getLogger(__name__)
 
-TOOL_TIMEOUT_S = 30.0  # a tool is a step of a live turn; the user is waiting
 MAX_RESULT_CHARS = 20_000  # keeps one tool result from flooding the context
 MAX_EXPRESSION_CHARS = 500
-MAX_POWER_BITS = 100_000  # 2**100000 is fine; 9**9**9 would hang the worker
+# Every integer the calculator makes stays under this many bits: 3,011 digits,
+# below Python's 4,300-digit int-to-str limit, and each operation on such
+# operands takes microseconds.
+MAX_INT_BITS = 10_000
+MAX_ROUND_DIGITS = 1_000  # round(x, n): 10**n is computed for negative n
+MAX_DEPTH = 50  # nesting of the expression tree; the parser allows ~200 parens
 
 ToolFunc = Callable[[dict[str, Any]], Any | Awaitable[Any]]
 
@@ -101,20 +111,44 @@ def tools_schema(names: Collection[str] | None = None) -> list[dict[str, Any]]:
     return [_REGISTRY[name].schema() for name in chosen if name in _REGISTRY]
 
 
+def _settings() -> dict[str, Any]:
+    return getattr(settings, "HERMES", {}) if settings.configured else {}
+
+
+def step_cap_refusal(call_index: int) -> str | None:
+    """The error for a call past ``HERMES_MAX_TOOL_CALLS_PER_STEP`` (0-based index)."""
+    cap = _settings().get("MAX_TOOL_CALLS_PER_STEP", 8)
+    if call_index < cap:
+        return None
+    return (
+        f"error: not run: at most {cap} tool calls per model step "
+        f"(this was call {call_index + 1}); ask for the rest in the next step"
+    )
+
+
 async def run_tool(
     name: str,
     args_json: str,
     *,
     enabled: Collection[str] | None = None,
-    timeout: float = TOOL_TIMEOUT_S,
+    timeout: float | None = None,
+    call_index: int = 0,
 ) -> tuple[str, bool]:
     """Run tool ``name`` on its JSON arguments; returns ``(result, is_error)``.
 
     A tool that is unknown or not enabled (the model may invent names), bad
-    JSON, a ``ToolError``, any other exception and a timeout all come back as
-    ``is_error=True`` with a message for the model. Sync tools run in a
-    thread so a slow one cannot stall the event loop.
+    JSON, a ``ToolError``, any other exception, a timeout and a call past the
+    per-step cap (``call_index`` counts from 0 within one model step) all come
+    back as ``is_error=True`` with a message for the model. Sync tools run in
+    a tool process that is killed after ``timeout`` seconds (default
+    ``HERMES_TOOL_TIMEOUT_S``), so none can stall the event loop.
     """
+    hermes = _settings()
+    refusal = step_cap_refusal(call_index)
+    if refusal is not None:
+        return refusal, True
+    if timeout is None:
+        timeout = hermes.get("TOOL_TIMEOUT_S", 10.0)
     allowed = enabled_tool_names() if enabled is None else enabled
     tool = _REGISTRY.get(name)
     if tool is None or name not in allowed:
@@ -129,13 +163,18 @@ async def run_tool(
         if inspect.iscoroutinefunction(tool.func):
             result = await asyncio.wait_for(tool.func(args), timeout)
         else:
-            result = await asyncio.wait_for(asyncio.to_thread(tool.func, args), timeout)
+            result = await toolpool.run_isolated(tool.func, args, timeout=timeout)
     except ToolError as exc:
         return f"error: {exc}", True
     except TimeoutError:
-        return f"error: {name} took longer than {timeout:g} s", True
+        return f"error: {name} took longer than {timeout:g} s and was stopped", True
+    except MemoryError:
+        limit = hermes.get("TOOL_MEMORY_MB")
+        return f"error: {name} ran out of memory (limit {limit} MiB)", True
+    except toolpool.ToolKilled as exc:
+        return f"error: {name} was stopped: {exc}", True
     except Exception as exc:  # a tool's bug is reported to the model, not the run
-        logger.exception("tool %s failed", name)
+        logger.warning("tool %s failed: %s: %s", name, type(exc).__name__, exc)
         return f"error: {type(exc).__name__}: {exc}", True
     text = result if isinstance(result, str) else json.dumps(result, default=str)
     if len(text) > MAX_RESULT_CHARS:
@@ -187,45 +226,68 @@ _CONSTANTS = {"pi": math.pi, "e": math.e}
 
 def calculate(expression: str) -> int | float:
     """Evaluate arithmetic: numbers, + - * / // % **, parentheses, a few
-    math functions and ``pi``/``e``. Anything else is a ``ToolError``."""
+    math functions and ``pi``/``e``. Anything else is a ``ToolError``, and so
+    is any step whose size is past the bounds above: the check comes before
+    the work, so no expression runs long."""
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ToolError(f"expression longer than {MAX_EXPRESSION_CHARS} chars")
     try:
         tree = ast.parse(expression.strip(), mode="eval")
-    except SyntaxError as exc:
-        raise ToolError(f"not an arithmetic expression: {exc.msg}") from exc
+    except (SyntaxError, RecursionError, MemoryError) as exc:
+        raise ToolError(f"not an arithmetic expression: {exc}") from exc
     try:
-        return _eval(tree.body)
+        return _eval(tree.body, 0)
     except (ArithmeticError, ValueError, TypeError) as exc:
         raise ToolError(f"{type(exc).__name__}: {exc}") from exc
 
 
-def _eval(node: ast.AST) -> Any:
+def _eval(node: ast.AST, depth: int) -> Any:
+    if depth > MAX_DEPTH:
+        raise ToolError(f"expression nested deeper than {MAX_DEPTH} levels")
+    depth += 1
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return _bounded(node.value)
     if isinstance(node, ast.Name) and node.id in _CONSTANTS:
         return _CONSTANTS[node.id]
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
-        return _UNARY[type(node.op)](_eval(node.operand))
+        return _UNARY[type(node.op)](_eval(node.operand, depth))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
-        left, right = _eval(node.left), _eval(node.right)
+        left, right = _eval(node.left, depth), _eval(node.right, depth)
         if isinstance(node.op, ast.Pow):
             _check_power(left, right)
-        return _BINARY[type(node.op)](left, right)
+        return _bounded(_BINARY[type(node.op)](left, right))
     if (
         isinstance(node, ast.Call)
         and isinstance(node.func, ast.Name)
         and node.func.id in _FUNCTIONS
         and not node.keywords
     ):
-        return _FUNCTIONS[node.func.id](*(_eval(arg) for arg in node.args))
+        args = [_eval(arg, depth) for arg in node.args]
+        if node.func.id == "round":
+            _check_round(args)
+        return _bounded(_FUNCTIONS[node.func.id](*args))
     raise ToolError(f"unsupported syntax: {ast.dump(node)[:80]}")
+
+
+def _bounded(value: Any) -> Any:
+    """Refuse an integer past ``MAX_INT_BITS`` (operands stay small, so the
+    next operation on it is cheap)."""
+    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
+        raise ToolError(f"result too large (over {MAX_INT_BITS} bits)")
+    return value
 
 
 def _check_power(base: Any, exponent: Any) -> None:
     ints = isinstance(base, int) and isinstance(exponent, int)
-    if ints and abs(base) > 1 and exponent * math.log2(abs(base)) > MAX_POWER_BITS:
-        raise ToolError("result too large")
+    if ints and abs(base) > 1 and exponent * math.log2(abs(base)) > MAX_INT_BITS:
+        raise ToolError(f"result too large (over {MAX_INT_BITS} bits)")
+
+
+def _check_round(args: list[Any]) -> None:
+    """``round(1, -10**9)`` computes 10**(10**9) while holding the GIL."""
+    if len(args) == 2 and isinstance(args[1], int):
+        if abs(args[1]) > MAX_ROUND_DIGITS:
+            raise ToolError(f"round() takes at most {MAX_ROUND_DIGITS} digits")
 
 
 def calculator(args: dict[str, Any]) -> str:

@@ -1,4 +1,4 @@
-"""The turn engine: one model step, streamed, with DESIGN §6 rules 2-5.
+"""The turn engine: one model step, streamed (docs/architecture.md §6, rules 2-5).
 
 Rule 1 (retries before response headers) belongs to the provider. Here:
 2. a stream that dies before anything was shown is reopened silently, at most
@@ -10,6 +10,16 @@ Rule 1 (retries before response headers) belongs to the provider. Here:
    are dropped, never resumed or returned;
 4. every read races ``cancel`` and cancel wins: the response is closed at once;
 5. each stream is capped in time and in bytes.
+Before rules 2-3, a stream the provider keeps upstream (it yields ``Upstream``
+cursors and has ``reattach``: the Responses API in background mode) is
+re-attached after the last event handled, at most ``max_reattaches`` times,
+with a ``Retry attempt: re-attach k/N; <reason>`` status: the same answer goes
+on, nothing is regenerated or billed twice, and its tool calls are whole. A
+re-attach the server refuses (the response expired) falls back to rules 2-3.
+The cursor is handed to the sink (``upstream``) so that the run's journal
+holds it and another worker can re-attach after this one is lost.
+Text is made storable as it arrives (``journal.events.storable``: NUL and lone
+surrogates become U+FFFD), so what is shown, journaled and kept is the same.
 Nothing here touches Django or awaits a database inside the read loop: the sink's
 ``token``/``reasoning``/``status`` are plain calls that hand data to a batcher.
 """
@@ -27,6 +37,7 @@ from typing import Any, Final, Protocol
 
 from chat.providers.base import (
     CANCELLED,
+    NETWORK,
     PROVIDER,
     TIMEOUT,
     ContentDelta,
@@ -36,8 +47,11 @@ from chat.providers.base import (
     ReasoningDelta,
     RequestStats,
     ToolCallDelta,
+    Upstream,
     Usage,
 )
+from journal.events import REATTACH_STATUS, storable
+from journal.fold import usage_sum
 
 logger = logging.getLogger(__name__)
 
@@ -46,6 +60,9 @@ FAILED: Final = "failed"
 CANCELLED_OUTCOME: Final = "cancelled"
 MAX_STREAM_SECONDS = 30 * 60  # rule 5: no honest answer streams for half an hour
 MAX_CONTENT_BYTES = 10 * 2**20  # rule 5: bounds memory and the journal per stream
+MAX_REATTACHES = 3  # re-attaches per stream: a cut is cheap, an endless loop is not
+CURSOR_EVERY_S = 1.0  # journal the upstream cursor this often: a takeover re-reads
+# at most this much of the stream (the first cursor of a stream goes at once)
 
 
 class TurnSink(Protocol):
@@ -62,6 +79,27 @@ class TurnSink(Protocol):
 
     async def commit_partial(self, content: str, reasoning: str) -> None:
         """Persist the shown partial as an assistant message (rule 3)."""
+
+    def upstream(
+        self, cursor: Upstream, content_chars: int, reasoning_chars: int
+    ) -> None:
+        """The upstream cursor, and how much of this stream was shown by then."""
+
+
+@dataclass(frozen=True)
+class Reattach:
+    """A stream another worker was reading, to re-attach to instead of POSTing.
+
+    ``content``/``reasoning`` are what the journal holds of it; the cursor
+    was journaled when ``content_at_cursor``/``reasoning_at_cursor`` of them
+    had been shown, so that much more of the re-attached stream is skipped.
+    """
+
+    upstream: Upstream
+    content: str
+    reasoning: str
+    content_at_cursor: int
+    reasoning_at_cursor: int
 
 
 @dataclass(frozen=True)
@@ -89,6 +127,7 @@ class TurnResult:
     finish_reason: str | None = None
     error: TurnError | None = None
     diagnostics: dict[str, Any] = field(default_factory=dict)
+    upstream: Upstream | None = None  # the last stream's response kept upstream
 
 
 @dataclass
@@ -101,6 +140,20 @@ class _Attempt:
     usage: dict[str, Any] | None = None
     finish_reason: str | None = None
     size: int = 0
+    upstream: Upstream | None = None
+    journaled_at: float | None = None  # when the cursor was last handed on
+    skip_content: int = 0  # shown by a lost worker after its last cursor
+    skip_reasoning: int = 0
+
+    @classmethod
+    def resuming(cls, taken: Reattach) -> _Attempt:
+        return cls(
+            content=[taken.content] if taken.content else [],
+            reasoning=[taken.reasoning] if taken.reasoning else [],
+            upstream=taken.upstream,
+            skip_content=max(0, len(taken.content) - taken.content_at_cursor),
+            skip_reasoning=max(0, len(taken.reasoning) - taken.reasoning_at_cursor),
+        )
 
     @property
     def text(self) -> str:
@@ -123,6 +176,33 @@ class _Attempt:
         call["id"] = call["id"] or delta.id
         call["function"]["name"] = call["function"]["name"] or delta.name or ""
         call["function"]["arguments"] += delta.arguments
+
+    def skip(
+        self, item: ContentDelta | ReasoningDelta
+    ) -> ContentDelta | ReasoningDelta | None:
+        """Drop what a lost worker already showed past its journaled cursor."""
+        if isinstance(item, ContentDelta) and self.skip_content:
+            cut = min(self.skip_content, len(item.text))
+            self.skip_content -= cut
+            return ContentDelta(item.text[cut:]) if item.text[cut:] else None
+        if isinstance(item, ReasoningDelta) and self.skip_reasoning:
+            cut = min(self.skip_reasoning, len(item.text))
+            self.skip_reasoning -= cut
+            return ReasoningDelta(item.text[cut:]) if item.text[cut:] else None
+        return item
+
+    def moved(self, cursor: Upstream, sink: TurnSink) -> None:
+        """Keep the cursor; hand it on when new, then every ``CURSOR_EVERY_S``."""
+        new = self.upstream is None or self.upstream.response_id != cursor.response_id
+        self.upstream = cursor
+        now = time.monotonic()
+        if (
+            new
+            or self.journaled_at is None
+            or now - self.journaled_at >= CURSOR_EVERY_S
+        ):
+            self.journaled_at = now
+            sink.upstream(cursor, len(self.text), len(self.thought))
 
     def tool_calls(self) -> list[dict[str, Any]]:
         calls = [self.calls[i] for i in sorted(self.calls)]
@@ -170,11 +250,14 @@ async def run_turn(
     max_transparent_retries: int = 2,
     max_stream_seconds: float = MAX_STREAM_SECONDS,
     max_content_bytes: int = MAX_CONTENT_BYTES,
+    max_reattaches: int = MAX_REATTACHES,
+    reattach: Reattach | None = None,
 ) -> TurnResult:
     """Run one model step to completion, failure or cancel (see module doc).
 
     Never raises ``ProviderError``; a ``CancelledError`` of the calling task
-    propagates after the HTTP response was closed.
+    propagates after the HTTP response was closed. ``reattach``: begin by
+    re-attaching to a stream a lost worker was reading.
     """
     turn = _Turn(
         provider,
@@ -186,8 +269,9 @@ async def run_turn(
         max_reopens=max_transparent_retries,
         max_seconds=max_stream_seconds,
         max_bytes=max_content_bytes,
+        max_reattaches=max_reattaches,
     )
-    return await turn.run(list(messages))
+    return await turn.run(list(messages), reattach)
 
 
 @dataclass
@@ -203,16 +287,22 @@ class _Turn:
     max_reopens: int
     max_seconds: float
     max_bytes: int
+    max_reattaches: int = MAX_REATTACHES
     stats: RequestStats = field(default_factory=RequestStats)
     meter: _Meter = field(default_factory=_Meter)
     usage: dict[str, Any] | None = None
     resumes: int = 0
     reopens: int = 0
+    reattaches: int = 0
 
-    async def run(self, history: list[dict[str, Any]]) -> TurnResult:
+    async def run(
+        self, history: list[dict[str, Any]], taken: Reattach | None = None
+    ) -> TurnResult:
+        attempt = _Attempt.resuming(taken) if taken else _Attempt()
+        via = attempt.upstream  # re-attach to this instead of POSTing
         while True:
-            attempt = _Attempt()
             if self.cancel.is_set():
+                self.usage = _sum_usage(self.usage, attempt.usage)
                 return self._result(CANCELLED_OUTCOME, attempt, _cancelled())
             error = await _stream_once(
                 self.provider,
@@ -223,10 +313,25 @@ class _Turn:
                 tools=self.tools,
                 sink=self.sink,
                 attempt=attempt,
+                via=via,
                 stats=self.stats,
                 meter=self.meter,
                 max_bytes=self.max_bytes,
             )
+            if via is not None and error is not None and _refused(error):
+                # The response is gone upstream (expired) or out of reach:
+                # what was shown stands, and rules 2-3 take over.
+                attempt.upstream = None
+                error = ProviderError(
+                    NETWORK,
+                    error.message,
+                    retryable=True,
+                    during_stream=True,
+                    reason=f"re-attach refused: {error.reason}",
+                )
+            via = self._reattach_to(error, attempt)
+            if via is not None:
+                continue  # the same attempt reads on
             self.usage = _sum_usage(self.usage, attempt.usage)
             outcome = self._verdict(error, attempt)
             if outcome is not None:
@@ -234,6 +339,28 @@ class _Turn:
             assert error is not None
             if attempt.shown:
                 await self._prepare_resume(error, attempt, history)
+            attempt = _Attempt()
+
+    def _reattach_to(
+        self, error: ProviderError | None, attempt: _Attempt
+    ) -> Upstream | None:
+        """The upstream response to re-attach to after this fault, if any."""
+        if (
+            error is None
+            or not error.during_stream
+            or error.final
+            or error.category == CANCELLED
+            or attempt.upstream is None
+            or not hasattr(self.provider, "reattach")
+            or self.reattaches >= self.max_reattaches
+        ):
+            return None
+        self.reattaches += 1
+        logger.warning("stream died (%s); re-attach %d", error, self.reattaches)
+        self.sink.status(
+            f"{REATTACH_STATUS} {self.reattaches}/{self.max_reattaches}; {error.reason}"
+        )
+        return attempt.upstream
 
     def _verdict(self, error: ProviderError | None, attempt: _Attempt) -> str | None:
         """How the turn ends after this stream, or ``None`` to POST again."""
@@ -290,8 +417,10 @@ class _Turn:
                 "http_retries": self.stats.http_retries,
                 "transparent_retries": self.reopens,
                 "stream_resumes": self.resumes,
+                "stream_reattaches": self.reattaches,
                 **self.meter.report(),
             },
+            upstream=attempt.upstream,
         )
 
 
@@ -332,6 +461,11 @@ async def _stream_once(
     raise exc
 
 
+def _refused(error: ProviderError) -> bool:
+    """A re-attach that failed before any stream (404 expired, retries spent)."""
+    return not error.during_stream and error.category != CANCELLED
+
+
 async def _read(
     provider: Provider,
     *,
@@ -340,24 +474,34 @@ async def _read(
     tools: list[dict[str, Any]] | None,
     sink: TurnSink,
     attempt: _Attempt,
+    via: Upstream | None,
     stats: RequestStats,
     meter: _Meter,
     max_bytes: int,
 ) -> None:
-    """Consume one stream into ``attempt``, handing text to the sink."""
-    stream = provider.stream(model, messages, tools, stats=stats)
+    """Consume one stream (or a re-attach ``via``) into ``attempt``."""
+    if via is not None:
+        stream = provider.reattach(via, stats=stats)  # type: ignore[attr-defined]
+    else:
+        stream = provider.stream(model, messages, tools, stats=stats)
     async with contextlib.aclosing(stream) as items:
         async for item in items:
+            if isinstance(item, ContentDelta | ReasoningDelta):
+                item = attempt.skip(item)
+                if item is None:
+                    continue
             if isinstance(item, ContentDelta):
-                attempt.content.append(item.text)
-                attempt.size += len(item.text.encode())
+                text = storable(item.text)  # no NUL, no lone surrogate
+                attempt.content.append(text)
+                attempt.size += len(text.encode())
                 meter.tick()
-                sink.token(item.text)
+                sink.token(text)
             elif isinstance(item, ReasoningDelta):
-                attempt.reasoning.append(item.text)
-                attempt.size += len(item.text.encode())
+                text = storable(item.text)
+                attempt.reasoning.append(text)
+                attempt.size += len(text.encode())
                 meter.tick()
-                sink.reasoning(item.text)
+                sink.reasoning(text)
             elif isinstance(item, ToolCallDelta):
                 attempt.add_call(item)
                 attempt.size += len(item.arguments.encode())
@@ -365,6 +509,8 @@ async def _read(
                 attempt.finish_reason = item.reason
             elif isinstance(item, Usage):
                 attempt.usage = _max_usage(attempt.usage, item.data)
+            elif isinstance(item, Upstream):
+                attempt.moved(item, sink)
             if attempt.size > max_bytes:
                 raise ProviderError(
                     PROVIDER, f"stream exceeded the {max_bytes} byte cap"
@@ -384,9 +530,7 @@ def _sum_usage(
     total: dict[str, Any] | None, stream: dict[str, Any] | None
 ) -> dict[str, Any] | None:
     """Add one stream's usage to the turn's: every POST billed its own tokens."""
-    if stream is None:
-        return total
-    return _merge(total or {}, stream, lambda a, b: a + b)
+    return usage_sum(total, stream)
 
 
 def _merge(

@@ -1,4 +1,5 @@
-"""The browser pages: the chat page, sign-up, the account page (DESIGN §5).
+"""The browser pages: the chat page, sign-up, the account page.
+See docs/architecture.md §5.
 
 The chat page is a shell; everything on it is drawn by the modules under
 `static/hermes/js/` from the JSON API, with the same session cookie and CSRF
@@ -10,21 +11,15 @@ it on the account page; that switch is the existence of the auth `Group` named
 `SIGNUP_OPEN_GROUP`, so it needs no model of its own and survives restarts.
 """
 
-import functools
-import mimetypes
-import os
-import posixpath
-from pathlib import Path
-
 from django import forms
+from django.conf import settings
 from django.contrib.auth import get_user_model, login
 from django.contrib.auth import views as auth_views
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
-from django.contrib.auth.models import Group
-from django.contrib.staticfiles import finders
+from django.contrib.auth.models import Group, User
 from django.db import transaction
-from django.http import Http404, HttpRequest, HttpResponse, HttpResponseForbidden
+from django.http import HttpRequest, HttpResponse, HttpResponseForbidden
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 from rest_framework.authtoken.models import Token
@@ -32,42 +27,12 @@ from rest_framework.authtoken.models import Token
 SIGNUP_OPEN_GROUP = "hermes:signup-open"  # exists while an admin keeps sign-up open
 TOKEN_SHOWN_CHARS = 6  # of a stored key, enough to tell keys apart, useless to steal
 
-# Defence in depth behind DOMPurify: no inline script, no plugins, no remote
-# images (model output must not exfiltrate a conversation through an <img> URL),
-# requests only to this origin.
-CONTENT_SECURITY_POLICY = "; ".join(
-    [
-        "default-src 'self'",
-        "script-src 'self'",
-        "worker-src 'self'",  # the SharedWorker of static/hermes/js/shared-streams.js
-        "style-src 'self'",
-        "img-src 'self' data: blob:",
-        "connect-src 'self'",
-        "object-src 'none'",
-        "base-uri 'none'",
-        "form-action 'self'",
-        "frame-ancestors 'none'",
-    ]
-)
-
-
-def with_csp(view):
-    """Send the page with `CONTENT_SECURITY_POLICY`."""
-
-    @functools.wraps(view)
-    def wrapped(request, *args, **kwargs):
-        response = view(request, *args, **kwargs)
-        response.setdefault("Content-Security-Policy", CONTENT_SECURITY_POLICY)
-        return response
-
-    return wrapped
-
 
 def signup_is_open() -> bool:
     """Open to the first user; then only if the env flag or an admin says so."""
     if not get_user_model().objects.exists():
         return True
-    if os.environ.get("HERMES_OPEN_SIGNUP", "").lower() in {"1", "true", "yes", "on"}:
+    if settings.HERMES["OPEN_SIGNUP"]:
         return True
     return Group.objects.filter(name=SIGNUP_OPEN_GROUP).exists()
 
@@ -102,7 +67,7 @@ def user_signup(*, form: UserCreationForm):
 
 
 class SignupForm(UserCreationForm):
-    class Meta(UserCreationForm.Meta):
+    class Meta(UserCreationForm.Meta):  # type: ignore[name-defined]
         model = get_user_model()
         fields = ("username",)
 
@@ -116,14 +81,22 @@ class LoginView(auth_views.LoginView):
         return {**super().get_context_data(**kwargs), "signup_open": signup_is_open()}
 
 
-@with_csp
 @login_required
 def chat_page(request: HttpRequest, session_id: int | None = None) -> HttpResponse:
-    """The chat UI; `/c/<id>/` opens that session (the page checks it exists)."""
-    return render(request, "chat/index.html", {"initial_session_id": session_id or ""})
+    """The chat UI; `/c/<id>/` opens that session (the page checks it exists).
+    The attachment limits let the page refuse what the server would."""
+    hermes = settings.HERMES
+    return render(
+        request,
+        "chat/index.html",
+        {
+            "initial_session_id": session_id or "",
+            "attachment_max_files": hermes["ATTACHMENT_MAX_FILES"],
+            "attachment_max_bytes": hermes["ATTACHMENT_MAX_BYTES"],
+        },
+    )
 
 
-@with_csp
 @require_http_methods(["GET", "POST"])
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
@@ -147,10 +120,13 @@ class SignupSwitchForm(forms.Form):
     open_signup = forms.BooleanField(required=False)
 
 
-@with_csp
+class SignedInRequest(HttpRequest):
+    user: User  # what `login_required` lets through
+
+
 @login_required
 @require_http_methods(["GET", "POST"])
-def account(request: HttpRequest) -> HttpResponse:
+def account(request: SignedInRequest) -> HttpResponse:
     """The account page: make (or replace) the API token; admins open sign-up.
 
     A new key is shown once, in the answer to the POST that made it, never on a
@@ -180,33 +156,8 @@ def account(request: HttpRequest) -> HttpResponse:
             if token and not new_key
             else "",
             "signup_open": signup_is_open(),
-            "signup_env": bool(os.environ.get("HERMES_OPEN_SIGNUP")),
+            "signup_env": settings.HERMES["OPEN_SIGNUP"],
         },
     )
     response["Cache-Control"] = "no-store"  # a page that may carry a new key
-    return response
-
-
-def static_file(request: HttpRequest, path: str) -> HttpResponse:
-    """A file of the static finders, for ASGI servers that do not serve them.
-
-    `manage.py serve` answers `/static/` itself (`ASGIStaticFilesHandler`);
-    this serves the same files under uvicorn or a bare daphne. The files are
-    small, so they are sent whole: Django's own `serve` streams a file through
-    a sync iterator, which the ASGI handler warns about on every request.
-    """
-    relative = posixpath.normpath(path).lstrip("/")
-    found = (
-        finders.find(relative) if relative and not relative.startswith("..") else None
-    )
-    if not found or not Path(found).is_file():
-        raise Http404(f"no static file {path!r}")
-    content_type, encoding = mimetypes.guess_type(found)
-    response = HttpResponse(
-        Path(found).read_bytes(),
-        content_type=content_type or "application/octet-stream",
-    )
-    if encoding:
-        response["Content-Encoding"] = encoding
-    response["Cache-Control"] = "no-cache"  # revalidate: no build step adds hashes
     return response

@@ -1,17 +1,31 @@
-"""The turn worker: claims queued runs, holds their leases, settles lost ones (DESIGN §6).
+"""The turn worker: claims queued runs, holds their leases, settles lost ones.
+See docs/architecture.md §6.
 
 Runs inside `manage.py serve` (embedded) or as `manage.py worker` processes
 (scale-out, any number, anywhere that reaches the database and Redis). Wakes on
 a channel-layer nudge or a short poll; the database decides who runs what.
+
+Every worker also reaps: it sleeps until the earliest lease of any running run
+lapses (plus `REAP_MARGIN_S`), then settles the runs whose worker is gone, so a
+dead worker's run ends within its lease and about a second whether or not
+anyone reads it; runs waiting for an approval past their deadline end the same
+way (chat.approvals). A run whose executor raises is settled at once as `failed` /
+`worker-error` by its own worker. During a database outage the worker keeps
+its runs (chat.writer) and renews their leases every `RENEW_RETRY_S` until the
+database answers; reapers give it a lease's grace after an outage
+(journal.leases).
 """
 
 import asyncio
 import logging
 import os
 import socket
+import time
+from datetime import datetime
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.utils import timezone
 from ulid import ULID
 
 from journal import dbpool
@@ -19,21 +33,54 @@ from journal.heartbeats import worker_beat
 from journal.leases import (
     Claim,
     cancel_requested,
+    claims_held_by,
     lease_renew,
+    next_lease_expiry,
     reap_lost_runs,
     run_claim_next,
+    run_settle,
 )
+from journal.models import Run
+from journal.outages import CHANNEL_LAYER, Backoff, outage
 from journal.publish import publish
+from journal.waits import next_wait_expiry, reap_expired_waits
 
+from . import approvals, mcp_tools, pending
 from .providers import registry
 from .runner import RunControl, execute_run
 from .services import WORKERS_GROUP
+from .writer import EventsNotStored
 
 log = logging.getLogger(__name__)
 
 POLL_S = 1.0  # claim poll when no nudge arrives (the nudge is only a fast path)
 CANCEL_POLL_S = 0.5  # cancel requests read from the database: stop within a second
-REAP_EVERY = 5  # heartbeats between two sweeps for runs whose worker died
+RENEW_RETRY_S = 0.5  # lease renewals while the database is out of reach
+REAP_MARGIN_S = 0.25  # reap this long after the earliest lease lapses
+REAP_RECHECK_S = 1.0  # a lapsed lease not reaped yet (outage grace): look again
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _earliest(*times: datetime | None) -> datetime | None:
+    return min((t for t in times if t is not None), default=None)
+
+
+def reap_delay(first_expiry: datetime | None, lease_s: float) -> float:
+    """Seconds until the next reaper pass: just after the earliest lease lapses.
+
+    Never longer than a lease: a run claimed after this look expires no
+    earlier than a lease from now, so the next look sees it in time.
+    """
+    if first_expiry is None:
+        return lease_s
+    wait = (first_expiry - timezone.now()).total_seconds() + REAP_MARGIN_S
+    if wait <= REAP_MARGIN_S:  # lapsed, yet not reaped: a grace or a race
+        return min(REAP_RECHECK_S, lease_s)
+    return min(wait, lease_s)
 
 
 class Worker:
@@ -48,6 +95,9 @@ class Worker:
         self._nudge = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self._channel: str | None = None
+        self._troubled: dict[str, float] = {}  # failing loops, since when
+        # A claim met a connection error: it may have committed unanswered.
+        self.claim_unsure = False
 
     @property
     def active_provider_requests(self) -> int:
@@ -55,9 +105,11 @@ class Worker:
 
     async def start(self) -> None:
         await self._join()
+        await self._announce()
         for loop in (
             self._claim_loop,
             self._lease_loop,
+            self._reap_loop,
             self._cancel_loop,
             self._listen_loop,
         ):
@@ -83,16 +135,29 @@ class Worker:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._leave()
+        await mcp_tools.close_sessions()
         log.info("worker stopped id=%s", self.worker_id)
 
     async def _join(self) -> None:
+        """Join the workers' group on a fresh channel; polling covers a failure."""
         layer = get_channel_layer()
         try:
             self._channel = await layer.new_channel()
             await layer.group_add(WORKERS_GROUP, self._channel)
-        except Exception:
-            log.warning("channel layer unavailable; the worker polls", exc_info=True)
+        except Exception as exc:
+            outage(CHANNEL_LAYER).failed("worker join", exc)
             self._channel = None
+        else:
+            outage(CHANNEL_LAYER).recovered()
+
+    async def _announce(self) -> None:
+        """Beat once at start, not a heartbeat later: `/healthz` counts it now."""
+        try:
+            await dbpool.writers.run(
+                worker_beat, worker_id=self.worker_id, active_runs=0
+            )
+        except Exception as exc:  # the lease loop beats again once the database is back
+            self._trouble("lease renewal", exc)
 
     async def _leave(self) -> None:
         if self._channel:
@@ -102,37 +167,81 @@ class Worker:
                 log.warning("group_discard failed", exc_info=True)
 
     async def _listen_loop(self) -> None:
-        if not self._channel:
-            return
+        """Nudges and cancels; rejoins with backoff after a channel-layer outage."""
         layer = get_channel_layer()
+        backoff = Backoff(first=0.2, cap=5.0)
         while True:
+            if not self._channel:
+                await asyncio.sleep(backoff.next_delay())
+                await self._join()
+                if not self._channel:
+                    continue
+                self._nudge.set()  # nudges may have been missed meanwhile
             try:
                 message = await layer.receive(self._channel)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.warning("worker channel failed; polling only", exc_info=True)
-                return
+            except Exception as exc:  # the claim and cancel polls cover the gap
+                outage(CHANNEL_LAYER).failed("worker receive", exc)
+                self._channel = None
+                continue
+            backoff.reset()
             if message.get("type") == "run.cancel":
                 self._cancel(message.get("run_id", ""))
             else:
                 self._nudge.set()
 
-    def _cancel(self, run_id: str) -> None:
+    def _trouble(self, what: str, exc: Exception) -> None:
+        """Log a failing database loop once per outage, not on every pass."""
+        if what in self._troubled:
+            return
+        self._troubled[what] = time.monotonic()
+        if dbpool.is_connection_error(exc):
+            log.warning("worker %s failed; retrying (%s)", what, _first_line(exc))
+        else:
+            log.error("worker %s failed; retrying", what, exc_info=exc)
+
+    def _untroubled(self, what: str) -> None:
+        began = self._troubled.pop(what, None)
+        if began is not None:
+            log.warning(
+                "worker %s works again after %.1f s", what, time.monotonic() - began
+            )
+
+    def _cancel(self, run_id: str, reason: str = "cancel") -> None:
         held = self.held.get(run_id)
         if held is not None:
-            held[1].request("cancel")
+            held[1].request(reason)
+
+    async def _adopt_unknown_claims(self) -> None:
+        """After a claim whose commit was unknown: run what this worker holds."""
+        claims = await dbpool.writers.run(claims_held_by, worker_id=self.worker_id)
+        self.claim_unsure = False
+        for claim in claims:
+            if claim.run_id not in self.held and not self.stopping:
+                log.warning(
+                    "run adopted after an unanswered claim run_id=%s", claim.run_id
+                )
+                self._launch(claim)
 
     async def _claim_loop(self) -> None:
         while not self.stopping:
             if len(self.held) < self.concurrency:
                 try:
+                    if self.claim_unsure:
+                        await self._adopt_unknown_claims()
                     claim = await dbpool.writers.run(
-                        run_claim_next, worker_id=self.worker_id, lease_s=self.lease_s
+                        run_claim_next,
+                        worker_id=self.worker_id,
+                        lease_s=self.lease_s,
+                        per_owner_limit=settings.HERMES["USER_MAX_CONCURRENT_RUNS"],
                     )
-                except Exception:
-                    log.exception("claim failed")
+                except Exception as exc:
+                    self._trouble("claim", exc)
+                    self.claim_unsure |= dbpool.is_connection_error(exc)
                     claim = None
+                else:
+                    self._untroubled("claim")
                 if claim is not None and not self.stopping:
                     self._launch(claim)
                     continue
@@ -153,18 +262,44 @@ class Worker:
         log.info("run claimed run_id=%s worker=%s", claim.run_id, self.worker_id)
         try:
             await execute_run(claim, control)
-        except Exception:
-            # The lease lapses and the reaper settles the run as lost-worker.
+        except EventsNotStored as exc:
+            log.error("run failed run_id=%s: %s", claim.run_id, exc)
+            await self._settle_failed(claim, str(exc))
+        except Exception as exc:
             log.exception("run crashed run_id=%s", claim.run_id)
+            await self._settle_failed(
+                claim, f"the worker failed running this run ({type(exc).__name__})"
+            )
         finally:
             self.held.pop(claim.run_id, None)
             self._nudge.set()
 
+    async def _settle_failed(self, claim: Claim, message: str) -> None:
+        """Settle a run whose executor gave up: `failed` / `worker-error`, now."""
+        try:
+            records = await dbpool.writers.run(
+                run_settle,
+                run_id=claim.run_id,
+                status=Run.Status.FAILED,
+                terminal_state="worker-error",
+                by=self.worker_id,
+                only_if_lost=False,
+                token=claim.token,
+                error={"category": "worker-error", "message": message},
+            )
+        except Exception as exc:
+            log.warning(
+                "run could not be settled; its lease will lapse run_id=%s (%s)",
+                claim.run_id,
+                exc,
+            )
+            return
+        await publish(claim.run_id, records)
+
     async def _lease_loop(self) -> None:
-        beats = 0
+        delay = self.heartbeat_s
         while True:
-            await asyncio.sleep(self.heartbeat_s)
-            beats += 1
+            await asyncio.sleep(delay)
             claims = [claim for claim, _, _ in self.held.values()]
             try:
                 if claims:
@@ -172,17 +307,44 @@ class Worker:
                         lease_renew, claims=claims, lease_s=self.lease_s
                     )
                     for run_id in lost:  # another process took it over: stop quietly
-                        self._cancel(run_id)
+                        self._cancel(run_id, "fenced")
                 await dbpool.writers.run(
                     worker_beat, worker_id=self.worker_id, active_runs=len(self.held)
                 )
-                if beats % REAP_EVERY == 0:
-                    for run_id, records in await dbpool.writers.run(reap_lost_runs):
-                        await publish(run_id, records)
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("lease heartbeat failed")
+            except Exception as exc:
+                self._trouble("lease renewal", exc)
+                delay = RENEW_RETRY_S  # renew first, as soon as the database is back
+                continue
+            self._untroubled("lease renewal")
+            delay = self.heartbeat_s
+
+    async def _reap_loop(self) -> None:
+        while True:
+            try:
+                for run_id, records in await dbpool.writers.run(reap_lost_runs):
+                    await publish(run_id, records)
+                for run_id, records in await dbpool.writers.run(
+                    reap_expired_waits,
+                    terminal_state=approvals.TIMEOUT_STATE,
+                    error=approvals.timeout_error(),
+                ):
+                    await publish(run_id, records)
+                await dbpool.writers.run(pending.deliver_stranded)
+                first = _earliest(
+                    await dbpool.readers.run(next_lease_expiry),
+                    await dbpool.readers.run(next_wait_expiry),
+                )
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                self._trouble("reaper", exc)
+                delay = self.heartbeat_s
+            else:
+                self._untroubled("reaper")
+                delay = reap_delay(first, self.lease_s)
+            await asyncio.sleep(delay)
 
     async def _cancel_loop(self) -> None:
         while True:
@@ -195,8 +357,9 @@ class Worker:
                 )
             except asyncio.CancelledError:
                 raise
-            except Exception:
-                log.exception("cancel poll failed")
+            except Exception as exc:
+                self._trouble("cancel poll", exc)
                 continue
+            self._untroubled("cancel poll")
             for run_id in wanted:
                 self._cancel(run_id)

@@ -1,37 +1,91 @@
-"""The batching journal writers of a process's runs (DESIGN §3, §4).
+"""The batching journal writers of a process's runs (docs/architecture.md §3, §4).
 
 The provider read loop hands deltas to `BatchWriter.add()`, a plain function
 call that never waits on the database or the broker. One committer per event
 loop gathers what every run has pending, coalesces it (consecutive text of one
-kind becomes one event) and appends it all every `INTERVAL_S` in a single
-transaction, each run fenced on its own; then it publishes each run's records.
-With hundreds of runs streaming, one commit per tick instead of one per run is
-what keeps the worker's write path cheap (docs/benchmarks.md).
+kind becomes one event, at most `TEXT_EVENT_CHARS` long, so no event exceeds
+64 KiB) and appends it all every `INTERVAL_S` in a single transaction, each run
+fenced on its own; then it publishes each run's records. With hundreds of runs
+streaming, one commit per tick instead of one per run is what keeps the
+worker's write path cheap (docs/benchmarks.md).
+
+Faults, and what each costs:
+
+- **The database is out of reach** (a connection error): every run's events
+  stay buffered, in order, and the committer tries again with backoff (up to
+  `BACKOFF_MAX_S`); the model keeps streaming into the buffer. Whether the
+  failed transaction committed is unknown, so before appending again the
+  committer reads each run's `last_seq` under its token (`run_positions`): it
+  moved by exactly the batch → the batch landed (its records are rebuilt and
+  published); it did not move → append again; the token changed → the run was
+  taken over and this writer writes nothing more. Nothing is written twice.
+  A run whose events could not be written for `DB_OUTAGE_MAX_S`, or whose
+  buffer outgrew `BUFFER_MAX_CHARS`, is told so through `on_trouble("database")`;
+  the runner then stops the model and settles the run as `failed`, category
+  `database`, as soon as the database answers (chat.runner).
+- **A run's events cannot be stored** (a wrong shape, or data the database
+  refuses): that run alone fails (`EventsNotStored`, and `on_trouble("journal")`);
+  if the shared transaction failed, each run of it is written on its own, so
+  one run's bad batch never rolls back another's.
+- **Fenced out** (`AppendRejected`): the run's writes stop, `on_trouble("fenced")`
+  stops its model; the runner logs it once.
 """
 
 import asyncio
+import contextvars
 import logging
+import time
+from collections.abc import Callable
+
+from django.conf import settings
 
 from journal import dbpool
-from journal.publish import publish
-from journal.store import append_many
+from journal.events import TEXT_EVENT_CHARS, storable
+from journal.models import Run
+from journal.publish import publish, publish_many
+from journal.store import AppendRejected, Record, append_many, encode, run_positions
 
 log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.03  # 25–50 ms: one row carries a chunk of text, latency stays low
 MAX_BYTES = 2048  # commit early once a run has this much text waiting
+BACKOFF_MAX_S = 1.0  # retry an unreachable database at least this often
+BUFFER_MAX_CHARS = 8 * 2**20  # per run, while its appends cannot land
 _TEXT = ("token", "reasoning")
 
 
+class EventsNotStored(Exception):
+    """The database refused a run's events for what they are, not for an outage."""
+
+    def __init__(self, run_id: str, reason: str):
+        super().__init__(f"events of this run could not be stored: {reason}")
+        self.run_id = run_id
+
+
 class BatchWriter:
-    def __init__(self, *, run_id: str, token: int):
+    def __init__(
+        self,
+        *,
+        run_id: str,
+        token: int,
+        last_seq: int = 0,
+        on_trouble: Callable[[str], None] | None = None,
+    ):
         self.run_id = run_id
         self.token = token
-        # Why appends stopped: fenced out (AppendRejected) or the database failed.
+        # Why appends stopped: fenced out (AppendRejected) or refused events.
         self.failure: Exception | None = None
         self.rows_written = 0
+        self.last_seq = last_seq  # the run's last seq this writer knows committed
+        self.on_trouble = on_trouble
         self._pending: list[list] = []  # [type, payload] in order
-        self.pending_bytes = 0
+        self.pending_bytes = 0  # text characters added since the last take()
+        self.buffered_chars = 0  # text characters not yet committed
+        self._inflight: list[tuple[str, dict]] | None = None  # being written
+        self._inflight_chars = 0
+        self.unsure = False  # the last attempt's commit outcome is unknown
+        self.stalled_since: float | None = None
+        self._troubled = False
         self._idle = asyncio.Event()
         self._idle.set()
         self._committer = _committer()
@@ -40,42 +94,115 @@ class BatchWriter:
         """Queue an event; text deltas of the same kind merge with the last one."""
         if self.failure is not None:
             return
-        last = self._pending[-1] if self._pending else None
-        if event_type in _TEXT and last is not None and last[0] == event_type:
-            last[1] = {"text": last[1]["text"] + payload["text"]}
-        else:
-            self._pending.append([event_type, payload])
         if event_type in _TEXT:
-            self.pending_bytes += len(payload["text"])
+            self._add_text(event_type, storable(payload["text"]))
+        else:
+            self._pending.append([event_type, storable(payload)])
         self._idle.clear()
         self._committer.want(self)
 
+    def _add_text(self, event_type: str, text: str) -> None:
+        self.pending_bytes += len(text)
+        self.buffered_chars += len(text)
+        last = self._pending[-1] if self._pending else None
+        if last is not None and last[0] == event_type:
+            room = TEXT_EVENT_CHARS - len(last[1]["text"])
+            if room > 0:
+                last[1] = {"text": last[1]["text"] + text[:room]}
+                text = text[room:]
+        for i in range(0, len(text), TEXT_EVENT_CHARS):
+            self._pending.append([event_type, {"text": text[i : i + TEXT_EVENT_CHARS]}])
+        if self.buffered_chars > BUFFER_MAX_CHARS:
+            self._trouble("database")
+
     async def flush(self) -> None:
-        """Wait until everything added so far is committed (and published)."""
+        """Wait until everything added so far is committed (and published).
+
+        While the database is away this waits for it; it raises the writer's
+        failure (fenced out, or events refused).
+        """
         await self._idle.wait()
         if self.failure is not None:
             raise self.failure
 
-    async def close(self) -> None:
-        try:
-            await self.flush()
-        finally:
-            self._pending = []
+    def close(self) -> None:
+        """Forget what is still pending (the run is over); never raises."""
+        self._pending = []
+        self.pending_bytes = 0
 
+    # --- the committer's side -------------------------------------------------
     def take(self) -> list[tuple[str, dict]]:
-        batch, self._pending, self.pending_bytes = self._pending, [], 0
-        return [(t, p) for t, p in batch]
+        """The batch to write now: the one that failed last time, else the pending."""
+        if self.failure is not None:
+            self._pending, self._inflight = [], None
+        if self._inflight is None and self._pending:
+            self._inflight = [(t, p) for t, p in self._pending]
+            self._inflight_chars = self.pending_bytes
+            self._pending, self.pending_bytes = [], 0
+        return self._inflight or []
 
-    def landed(self, rows: int, failure: Exception | None) -> None:
+    def stalled(self) -> None:
+        """The last attempt met a connection error: its outcome is unknown."""
+        self.unsure = True
+        now = time.monotonic()
+        if self.stalled_since is None:
+            self.stalled_since = now
+        elif now - self.stalled_since > settings.HERMES["DB_OUTAGE_MAX_S"]:
+            self._trouble("database")
+
+    def reconcile(self, position: tuple[int, int, str] | None) -> list[Record]:
+        """After an unknown outcome: did the batch land? Returns its records if so."""
+        self.unsure = False
+        batch = self._inflight or []
+        if position is None:
+            self._fail(AppendRejected(self.run_id, "no such run"))
+            return []
+        last_seq, token, status = position
+        if token != self.token or status not in Run.ACTIVE:
+            self._fail(AppendRejected(self.run_id, f"taken over ({status})"))
+            return []
+        if last_seq == self.last_seq:
+            return []  # it did not commit: write it again
+        if last_seq != self.last_seq + len(batch):
+            self._fail(
+                EventsNotStored(
+                    self.run_id,
+                    f"journal at seq {last_seq}, expected {self.last_seq}"
+                    f" or {self.last_seq + len(batch)}",
+                )
+            )
+            return []
+        first = self.last_seq + 1
+        return [Record(first + i, t, encode(p)) for i, (t, p) in enumerate(batch)]
+
+    def landed(self, result: list[Record] | Exception) -> None:
         """The committer wrote (or failed to write) what `take()` returned."""
-        self.rows_written += rows
-        if failure is not None:
-            self.failure = self.failure or failure
-            self._pending = []
-        if self._pending:
+        if isinstance(result, Exception):
+            self._fail(result)
+        elif result:
+            self.rows_written += len(result)
+            self.last_seq = result[-1].seq
+            self.buffered_chars -= self._inflight_chars
+            self._inflight, self._inflight_chars = None, 0
+            self.stalled_since = None
+        self.settle()
+
+    def settle(self) -> None:
+        if self._pending or self._inflight:
             self._committer.want(self)
         else:
             self._idle.set()
+
+    def _fail(self, exc: Exception) -> None:
+        self.failure = self.failure or exc
+        self._pending, self._inflight = [], None
+        self.buffered_chars = 0
+        self._trouble("fenced" if isinstance(exc, AppendRejected) else "journal")
+
+    def _trouble(self, what: str) -> None:
+        if not self._troubled and self.on_trouble is not None:
+            self._troubled = True
+            self.on_trouble(what)
 
 
 class _Committer:
@@ -84,7 +211,13 @@ class _Committer:
     def __init__(self):
         self._waiting: dict[BatchWriter, None] = {}  # an ordered set
         self._wake = asyncio.Event()
-        self._task = asyncio.create_task(self._run(), name="journal committer")
+        self._backoff = 0.0  # > 0 while the database is out of reach
+        self._outage_began: float | None = None
+        self._failed_attempts = 0
+        # A context of its own: not the log context of the run that started it.
+        self._task = asyncio.create_task(
+            self._run(), name="journal committer", context=contextvars.Context()
+        )
 
     def want(self, writer: BatchWriter) -> None:
         self._waiting[writer] = None
@@ -94,31 +227,131 @@ class _Committer:
         while True:
             await self._wake.wait()
             self._wake.clear()
-            if all(w.pending_bytes < MAX_BYTES for w in self._waiting):
+            if self._backoff:
+                await asyncio.sleep(self._backoff)
+            elif all(w.pending_bytes < MAX_BYTES for w in self._waiting):
                 await asyncio.sleep(INTERVAL_S)  # let the batches fill
             waiting = list(self._waiting)
             self._waiting.clear()
-            writers, batches = [], []
-            for writer in waiting:
-                events = writer.take()
-                if events:
-                    writers.append(writer)
-                    batches.append((writer.run_id, writer.token, events))
-                else:
-                    writer.landed(0, None)
-            if not batches:
-                continue
             try:
-                results = await dbpool.writers.run(append_many, batches)
-            except Exception as exc:  # surfaced to every run by flush()
-                log.exception("journal append failed for %d run(s)", len(writers))
-                results = [exc] * len(writers)
-            for writer, result in zip(writers, results, strict=True):
-                if isinstance(result, Exception):
-                    writer.landed(0, result)
+                await self._commit(waiting)
+            except Exception:  # never lose the committer: the runs would hang
+                log.exception("journal committer failed; retrying")
+                self._retry(waiting, None)
+                self._backoff = BACKOFF_MAX_S
+
+    async def _commit(self, waiting: list[BatchWriter]) -> None:
+        writers = []
+        for writer in waiting:
+            if writer.take():
+                writers.append(writer)
+            else:
+                writer.settle()
+        if not writers:
+            return
+        try:
+            await self._reconcile([w for w in writers if w.unsure])
+            writers = [w for w in writers if w.take()]
+            if not writers:
+                self._recovered()
+                return
+            batches = [(w.run_id, w.token, w.take()) for w in writers]
+            results = await dbpool.writers.run(append_many, batches)
+        except Exception as exc:
+            if dbpool.is_connection_error(exc):
+                self._retry(writers, exc)
+                return
+            results = await self._one_by_one(writers, exc)
+        self._recovered()
+        # Every run's doorbell of this tick in one batch: one after another,
+        # each publish waited its round trips and a loop turn behind hundreds
+        # of streams (docs/benchmarks.md).
+        await publish_many(
+            [
+                (writer.run_id, result)
+                for writer, result in zip(writers, results, strict=True)
+                if isinstance(result, list)
+            ]
+        )
+        for writer, result in zip(writers, results, strict=True):
+            if result is None:  # a connection error on its own attempt
+                self._retry([writer], None)
+                continue
+            if not isinstance(result, list | AppendRejected):  # fenced: runner says so
+                log.warning(
+                    "journal append refused run_id=%s: %s", writer.run_id, result
+                )
+            writer.landed(result)
+
+    async def _reconcile(self, writers: list[BatchWriter]) -> None:
+        if not writers:
+            return
+        positions = await dbpool.writers.run(
+            run_positions, run_ids=[w.run_id for w in writers]
+        )
+        for writer in writers:
+            records = writer.reconcile(positions.get(writer.run_id))
+            if records:
+                await publish(writer.run_id, records)
+                writer.landed(records)
+            elif writer.failure is not None:
+                writer.settle()
+
+    async def _one_by_one(self, writers: list[BatchWriter], exc: Exception) -> list:
+        """The shared transaction failed on data: write each run alone."""
+        if len(writers) == 1:
+            return [EventsNotStored(writers[0].run_id, _reason(exc))]
+        results: list = []
+        for writer in writers:
+            result: list[Record] | Exception | None
+            try:
+                [result] = await dbpool.writers.run(
+                    append_many, [(writer.run_id, writer.token, writer.take())]
+                )
+            except Exception as alone:
+                if dbpool.is_connection_error(alone):
+                    writer.stalled()
+                    result = None
                 else:
-                    await publish(writer.run_id, result)
-                    writer.landed(len(result), None)
+                    result = EventsNotStored(writer.run_id, _reason(alone))
+            results.append(result)
+        return results
+
+    def _retry(self, writers: list[BatchWriter], exc: Exception | None) -> None:
+        """Keep every batch and try again after a backoff."""
+        for writer in writers:
+            writer.stalled()
+            self._waiting[writer] = None
+        self._wake.set()
+        if exc is None:
+            return
+        self._failed_attempts += 1
+        self._backoff = min(max(self._backoff * 2, 0.05), BACKOFF_MAX_S)
+        if self._outage_began is None:
+            self._outage_began = time.monotonic()
+            log.warning(
+                "database unreachable: holding the events of %d run(s) and "
+                "retrying (%s)",
+                len(writers),
+                str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc),
+            )
+
+    def _recovered(self) -> None:
+        if self._outage_began is not None:
+            log.warning(
+                "database reachable again: journal appends resumed after %.1f s "
+                "and %d failed attempt(s)",
+                time.monotonic() - self._outage_began,
+                self._failed_attempts,
+            )
+        self._backoff = 0.0
+        self._outage_began = None
+        self._failed_attempts = 0
+
+
+def _reason(exc: Exception) -> str:
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {first}"[:300]
 
 
 _committers: dict[asyncio.AbstractEventLoop, _Committer] = {}

@@ -1,12 +1,21 @@
-"""`GET /healthz` and `GET /metrics`: for load balancers and Prometheus (DESIGN §7).
+"""`GET /healthz` and `GET /metrics`: for load balancers and Prometheus.
+See docs/architecture.md §7.
 
 Neither needs a login, so neither says anything about a user, a session or a
 run: counts and latencies only, and errors by their class name (a message
 could carry a host or a URL with credentials).
+
+`/healthz` answers JSON with one entry per check and names the failing ones.
+Only the database, the channel layer and a live worker decide the status; a
+provider whose model listing fails is reported (`providers`) but does not take
+this process out of a load balancer. Load alone must not flip it: the database
+check has a thread of its own (not behind the readers' queries), each check
+gets `CHECK_TIMEOUT_S`, and a worker counts as gone only after two leases.
 """
 
 import asyncio
 import time
+import uuid
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -14,20 +23,27 @@ from django.db import connection
 from django.db.models import Count
 from django.http import HttpResponse, JsonResponse
 from django.views.decorators.http import require_GET
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
 
 from chat.providers import registry
 from journal import dbpool, metrics
 from journal.heartbeats import workers_seen
 from journal.models import Run
+from journal.outages import CHANNEL_LAYER, Outage, outage
 
-CHECK_TIMEOUT_S = 3.0  # each check; a probe must answer well inside its own timeout
+CHECK_TIMEOUT_S = 8.0  # each check: slow under load is not down (probes allow ~10 s)
+# The database check's own thread: behind the readers' pool it would wait for
+# their queries, and a busy process would look like a dead database.
+_health_pool = dbpool.DBPool("health", 1)
 
 
 def worker_max_age_s() -> float:
-    """A worker not seen for this long is gone: by then its leases have lapsed too."""
+    """A worker not seen for this long is gone: two leases (beats lag under load)."""
     hermes = settings.HERMES
     return hermes.get("HEALTH_WORKER_MAX_AGE_S") or max(
-        hermes["LEASE_S"], 3 * hermes["HEARTBEAT_S"]
+        2 * hermes["LEASE_S"], 6 * hermes["HEARTBEAT_S"]
     )
 
 
@@ -36,6 +52,29 @@ def _database() -> dict:
         cursor.execute("SELECT 1")
         cursor.fetchone()
     return {}
+
+
+def _providers() -> dict:
+    """Model listings: reported, never fatal (the last good list is served)."""
+    listings = registry.listing_status()
+    failing = sorted(
+        name for name, st in listings.items() if st["listing"] == "failing"
+    )
+    return {
+        "ok": not failing,
+        "critical": False,
+        "failing": failing,
+        "providers": {
+            name: {k: st[k] for k in ("listing", "error", "failing_since")}
+            for name, st in listings.items()
+        },
+    }
+
+
+def _outages() -> dict:
+    """Dependencies this process currently counts as down (journal.outages)."""
+    down = Outage.current()
+    return {"ok": not down, "critical": False, "down": down}
 
 
 def _workers() -> dict:
@@ -50,16 +89,23 @@ def _workers() -> dict:
 
 
 async def _channel_layer() -> dict:
-    """A round trip: send to a fresh channel of this process and receive it."""
+    """A round trip: send to a fresh channel of this check and receive it.
+
+    A plain channel name, not `new_channel()`: channels_redis pops all of a
+    process's `new_channel()` channels through one shared receive loop, so a
+    check would wait behind (or, from another event loop, never see) it; a plain
+    name is popped by this receive alone.
+    """
     layer = get_channel_layer()
     if layer is None:
         return {"ok": False, "error": "no channel layer configured"}
-    # The default prefix: channels_redis pops every process-local channel of a
-    # prefix through one shared receive loop, so another prefix would starve.
-    channel = await layer.new_channel()
+    channel = f"hermes.health.{uuid.uuid4().hex}"
     await layer.send(channel, {"type": "health.ping"})
     message = await layer.receive(channel)
-    return {"ok": message.get("type") == "health.ping"}
+    ok = message.get("type") == "health.ping"
+    if ok:  # a working round trip ends an outage even with nothing listening
+        outage(CHANNEL_LAYER).recovered()
+    return {"ok": ok}
 
 
 async def _check(name: str, step) -> dict:
@@ -75,68 +121,70 @@ async def _check(name: str, step) -> dict:
     return {name: result}
 
 
+async def _in_thread(fn) -> dict:
+    return await asyncio.get_running_loop().run_in_executor(None, fn)
+
+
 @require_GET
 async def healthz(request):
-    """200 when the database, the channel layer and a worker answer; else 503."""
+    """200 when the database, the channel layer and a worker answer; else 503.
+
+    `failed` names the critical checks that failed, `warnings` the others.
+    """
     checks = {}
     for part in await asyncio.gather(
-        _check("database", dbpool.readers.run(_database)),
+        _check("database", _health_pool.run(_database)),
         _check("channel_layer", _channel_layer()),
-        _check("workers", dbpool.readers.run(_workers)),
+        _check("workers", _health_pool.run(_workers)),
+        _check("providers", _in_thread(_providers)),
+        _check("outages", _in_thread(_outages)),
     ):
         checks.update(part)
-    healthy = all(check["ok"] for check in checks.values())
+    failed = [n for n, c in checks.items() if not c["ok"] and c.get("critical", True)]
+    warnings = [n for n, c in checks.items() if not c["ok"] and n not in failed]
+    for check in checks.values():
+        check.pop("critical", None)
+    status = "unhealthy" if failed else "degraded" if warnings else "ok"
     return JsonResponse(
-        {"status": "ok" if healthy else "unhealthy", "checks": checks},
-        status=200 if healthy else 503,
+        {"status": status, "failed": failed, "warnings": warnings, "checks": checks},
+        status=503 if failed else 200,
         headers={"Cache-Control": "no-store"},
     )
 
 
-def _scrape_time_metrics() -> str:
-    by_status = dict(
-        Run.objects.order_by().values_list("status").annotate(n=Count("id"))
-    )
-    seen = workers_seen(max_age_s=worker_max_age_s())
-    return "\n".join(
-        [
-            metrics.family(
-                "hermes_runs",
-                "gauge",
-                "Runs in the database by status.",
-                [
-                    metrics.sample("hermes_runs", by_status.get(s, 0), {"status": s})
-                    for s in Run.Status.values
-                ],
-            ),
-            metrics.family(
-                "hermes_workers_alive",
-                "gauge",
-                "Turn workers whose heartbeat is recent (any process, any machine).",
-                [metrics.sample("hermes_workers_alive", seen.alive)],
-            ),
-            metrics.family(
-                "hermes_worker_runs_active",
-                "gauge",
-                "Runs held by the live workers, from their last heartbeat.",
-                [metrics.sample("hermes_worker_runs_active", seen.active_runs)],
-            ),
-            metrics.family(
-                "hermes_provider_requests_in_flight",
-                "gauge",
-                "Model requests open in this process (0 when idle).",
-                [
-                    metrics.sample(
-                        "hermes_provider_requests_in_flight", registry.active_requests()
-                    )
-                ],
-            ),
-        ]
-    )
+class DatabaseCollector(Collector):
+    """What the database says at scrape time: the same on every process."""
+
+    def collect(self):
+        by_status = dict(
+            Run.objects.order_by().values_list("status").annotate(n=Count("id"))
+        )
+        seen = workers_seen(max_age_s=worker_max_age_s())
+        runs = GaugeMetricFamily(
+            "hermes_runs", "Runs in the database by status.", labels=["status"]
+        )
+        for status in Run.Status.values:
+            runs.add_metric([status], by_status.get(status, 0))
+        yield runs
+        yield GaugeMetricFamily(
+            "hermes_workers_alive",
+            "Turn workers whose heartbeat is recent (any process, any machine).",
+            value=seen.alive,
+        )
+        yield GaugeMetricFamily(
+            "hermes_worker_runs_active",
+            "Runs held by the live workers, from their last heartbeat.",
+            value=seen.active_runs,
+        )
+
+
+_database_metrics = CollectorRegistry()
+_database_metrics.register(DatabaseCollector())
 
 
 @require_GET
 def metrics_view(request):
-    """Prometheus text format: this process's counters, then what the database says."""
-    body = metrics.render_process_metrics() + "\n" + _scrape_time_metrics() + "\n"
-    return HttpResponse(body, content_type="text/plain; version=0.0.4; charset=utf-8")
+    """Prometheus text format: this process's families (`journal.metrics`), then
+    what the database says."""
+    body = metrics.render() + generate_latest(_database_metrics)
+    return HttpResponse(body, content_type=metrics.CONTENT_TYPE)

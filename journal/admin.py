@@ -1,14 +1,18 @@
-"""The journal admin (DESIGN §7): runs filterable and settleable, the journal read-only.
+"""The journal admin: runs filterable and settleable, the journal read-only.
+See docs/architecture.md §7.
 
 Built for a journal of millions of events: no page counts the journal
 (`NoCountPaginator`, `show_full_result_count = False`), no filter lists the
 distinct values of an event column, and a run's page reads only its first
 `JOURNAL_PREVIEW` events (one indexed query), with a link to the rest. Nothing
-here writes events except through `journal.leases.run_settle`. The chat app
-adds the "cancel" action (`chat.admin`): the journal knows nothing of chat.
+here writes events except through `journal.leases.run_settle`. A run's
+subject is shown as text. The chat app adds its turn's columns and the
+"cancel" action (`chat.admin`): the journal knows nothing of chat.
 """
 
 import json
+import re
+from typing import ClassVar
 
 from django.contrib import admin, messages
 from django.core.paginator import Paginator
@@ -18,6 +22,8 @@ from django.urls import path, reverse
 from django.utils.functional import cached_property
 from django.utils.html import format_html, format_html_join
 
+from . import wire
+from .cursor import Cursor, Verdict, decide_for_run
 from .events import EVENT_TYPES
 from .leases import run_settle
 from .models import Event, Run, WorkerHeartbeat
@@ -25,7 +31,6 @@ from .publish import publish_on_commit
 from .store import read_after, read_timed
 
 JOURNAL_PREVIEW = 50  # events rendered on a run's page; events.json pages the rest
-EVENTS_JSON_MAX = 1000  # events per page of the admin's events.json
 SETTLED_BY_ADMIN = "settled-by-admin"
 
 
@@ -56,11 +61,16 @@ class NoCountPaginator(Paginator):
         return super().page(number)
 
 
+# Past any real table's end, and small enough that the offset it makes fits
+# SQLite's and PostgreSQL's 64-bit integers (a larger one failed in the query).
+MAX_PAGE = 10**9
+
+
 def page_number(request) -> int:
-    try:
-        return int(request.GET.get("p", 1))
-    except ValueError:
+    raw = request.GET.get("p", "1").strip()
+    if not re.fullmatch(r"-?[0-9]{1,12}", raw):
         return 1
+    return min(int(raw), MAX_PAGE)
 
 
 def pretty_json(value) -> str:
@@ -74,9 +84,13 @@ def pretty_json(value) -> str:
 
 
 def pre(value) -> str:
-    return format_html(
-        "<pre style='margin:0;white-space:pre-wrap'>{}</pre>", pretty_json(value)
-    )
+    """A payload, pretty-printed; styled by `PAYLOAD_CSS` (the site's
+    Content-Security-Policy refuses inline styles)."""
+    return format_html('<pre class="journal-payload">{}</pre>', pretty_json(value))
+
+
+# The stylesheet of `pre`: every admin page showing payloads lists it in its Media.
+PAYLOAD_CSS = {"all": ("journal/admin.css",)}
 
 
 class EventTypeFilter(admin.SimpleListFilter):
@@ -97,6 +111,9 @@ class ReadOnlyLargeTableAdmin(admin.ModelAdmin):
 
     show_full_result_count = False
 
+    class Media:
+        css = PAYLOAD_CSS
+
     def get_paginator(
         self, request, queryset, per_page, orphans=0, allow_empty_first_page=True
     ):
@@ -114,39 +131,29 @@ class ReadOnlyLargeTableAdmin(admin.ModelAdmin):
 
 @admin.register(Run)
 class RunAdmin(admin.ModelAdmin):
-    list_display = (
+    class Media:
+        css = PAYLOAD_CSS
+
+    list_display: tuple[str, ...] = (
         "id",
         "owner",
-        "session_link",
+        "subject",
         "status",
         "terminal_state",
-        "provider",
-        "model",
         "last_seq",
         "created_at",
         "ended_at",
     )
-    list_select_related = ("owner",)
-    list_filter = ("status", "terminal_state", "provider", "model", "created_at")
+    list_select_related: ClassVar[tuple[str, ...]] = ("owner",)
+    list_filter: ClassVar[tuple[str, ...]] = ("status", "terminal_state", "created_at")
     search_fields = ("=id",)
     search_help_text = "A run id, exactly (run_…), or an event id (run_…:seq)."
     show_full_result_count = False
     show_facets = admin.ShowFacets.NEVER
     actions = ["settle_interrupted"]
-    fieldsets = (
-        (None, {"fields": ("id", "owner", "session_link", "status", "terminal_state")}),
-        ("Model", {"fields": ("provider", "model", "request_pretty")}),
-        (
-            "Outcome",
-            {
-                "fields": (
-                    "usage_pretty",
-                    "diagnostics_pretty",
-                    "error_category",
-                    "error_message",
-                )
-            },
-        ),
+    fieldsets: ClassVar[tuple] = (
+        (None, {"fields": ("id", "owner", "subject", "status", "terminal_state")}),
+        ("Outcome", {"fields": ("error_category", "error_message")}),
         ("Times", {"fields": ("created_at", "started_at", "ended_at", "pruned_at")}),
         (
             "Lease",
@@ -162,17 +169,12 @@ class RunAdmin(admin.ModelAdmin):
         ),
         ("Journal", {"fields": ("journal",)}),
     )
-    readonly_fields = (
+    readonly_fields: ClassVar[tuple[str, ...]] = (
         "id",
         "owner",
-        "session_link",
+        "subject",
         "status",
         "terminal_state",
-        "provider",
-        "model",
-        "request_pretty",
-        "usage_pretty",
-        "diagnostics_pretty",
         "error_category",
         "error_message",
         "created_at",
@@ -187,7 +189,8 @@ class RunAdmin(admin.ModelAdmin):
         "journal",
     )
 
-    # Runs are created by `chat.services.run_start` and written by the journal alone.
+    # Runs are created by the app that owns their subject and written by the
+    # journal alone.
     def has_add_permission(self, request):
         return False
 
@@ -205,31 +208,12 @@ class RunAdmin(admin.ModelAdmin):
     def has_settle_permission(self, request) -> bool:
         return request.user.has_perm("journal.change_run")
 
-    @admin.display(description="session", ordering="session_id")
-    def session_link(self, run: Run):
-        if run.session_id is None:
-            return "-"
-        url = reverse("admin:chat_chatsession_change", args=[run.session_id])
-        return format_html('<a href="{}">{}</a>', url, run.session_id)
-
-    @admin.display(description="request")
-    def request_pretty(self, run: Run):
-        return pre(run.request)
-
-    @admin.display(description="usage")
-    def usage_pretty(self, run: Run):
-        return pre(run.usage) if run.usage else "none reported"
-
-    @admin.display(description="diagnostics")
-    def diagnostics_pretty(self, run: Run):
-        return pre(run.diagnostics)
-
     @admin.display(description=f"journal (first {JOURNAL_PREVIEW} events)")
     def journal(self, run: Run):
         if run.pruned_at is not None:
             return (
                 f"Pruned by retention at {run.pruned_at:%Y-%m-%d %H:%M}; "
-                "the session keeps the transcript."
+                "what the run produced is kept by the app that started it."
             )
         timed = read_timed(run_id=run.id, after_seq=0, limit=JOURNAL_PREVIEW)
         rows = format_html_join(
@@ -306,36 +290,25 @@ class RunAdmin(admin.ModelAdmin):
         run = Run.objects.filter(id=object_id).first()
         if run is None:
             return JsonResponse({"error": f"no run {object_id}"}, status=404)
-        if run.pruned_at is not None:
+        try:
+            params = wire.parse_page_params(request.GET)  # the API's rules exactly
+        except wire.BadPageParam as exc:
+            return JsonResponse(exc.body(), status=400)
+        if decide_for_run(run, Cursor(params.after_seq)).verdict is Verdict.GONE:
             return JsonResponse(
                 {"error": "this run's events were pruned by retention"}, status=410
             )
-        try:
-            after_seq = max(0, int(request.GET.get("after_seq", 0)))
-            limit = min(
-                EVENTS_JSON_MAX, max(1, int(request.GET.get("limit", EVENTS_JSON_MAX)))
-            )
-        except ValueError:
-            return JsonResponse(
-                {"error": "after_seq and limit must be integers"}, status=400
-            )
-        records = read_after(run_id=run.id, after_seq=after_seq, limit=limit)
+        records = read_after(
+            run_id=run.id, after_seq=params.after_seq, limit=params.limit
+        )
         return JsonResponse(
-            {
-                "run_id": run.id,
-                "status": run.status,
-                "last_seq": run.last_seq,
-                "events": [
-                    {
-                        "id": f"{run.id}:{r.seq}",
-                        "seq": r.seq,
-                        "event": r.type,
-                        "data": json.loads(r.payload),
-                    }
-                    for r in records
-                ],
-                "next_after_seq": records[-1].seq if len(records) == limit else None,
-            },
+            wire.page(
+                run_id=run.id,
+                status=run.status,
+                last_seq=run.last_seq,
+                records=records,
+                limit=params.limit,
+            ),
             json_dumps_params={"ensure_ascii": False},
         )
 
@@ -365,7 +338,7 @@ class EventAdmin(ReadOnlyLargeTableAdmin):
 
     @admin.display(description="id")
     def event_id(self, event: Event) -> str:
-        return f"{event.run_id}:{event.seq}"
+        return wire.event_id(event.run_id, event.seq)
 
     @admin.display(description="run")
     def run_link(self, event: Event):

@@ -1,20 +1,38 @@
-"""Small bounded thread pools for database work from async code (DESIGN §5).
+"""Small bounded thread pools for database work from async code.
+See docs/architecture.md §5.
 
 Under daphne each request's `sync_to_async` runs on a thread of its own, so a
 streaming reader that touched the ORM that way would hold a thread and, on
 PostgreSQL, a connection for as long as it streams. Readers and writers go
 through these pools instead: a fixed number of threads, each with its own
 connection, however many readers there are.
+
+Connections die with their server (a restart, a failover, an idle timeout in a
+proxy). Before each job a thread closes its connection if it failed or, after
+`PING_IDLE_S` of rest, if it no longer answers; the job then connects afresh.
+A read that still meets a connection error is run once more on a new
+connection. A write never is: whether it committed is unknown, and only the
+caller, which knows how to check that under its fencing token, may retry it
+(`chat.writer`, `chat.runner`).
+
+The pools also note when the database was last out of reach
+(`since_trouble()`): reapers hold off for a lease after that, so a lease that
+lapsed only because the database was away is renewed before anyone may take
+the run over (`journal.leases`).
 """
 
 import asyncio
 import contextvars
+import logging
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import close_old_connections, connections
+from django.db import InterfaceError, OperationalError, connections
+
+log = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
@@ -23,13 +41,70 @@ READ_THREADS = 4
 # writer keeps each run's appends in order.
 WRITE_THREADS = 1
 
+PING_IDLE_S = 1.0  # a connection idle this long is checked before it is used
+SLOW_JOB_S = 5.0  # a job this slow counts as trouble too (a frozen server)
+
 _STOP = object()
+_trouble_at: float | None = None  # time.monotonic() of the last trouble
+
+
+def is_connection_error(exc: BaseException) -> bool:
+    """Whether `exc` says the database was out of reach (not that the query was bad).
+
+    Django wraps the driver's connection and server-state errors (connection
+    refused or lost, admin shutdown, a serialisation conflict, SQLite's
+    "database is locked") as `OperationalError`/`InterfaceError`; bad data is a
+    `DataError`/`IntegrityError` and is never retried. PostgreSQL files a few
+    errors about the request itself under `OperationalError` too (a limit of
+    the server's exceeded, e.g. a tsvector past 1 MiB): their SQLSTATE class
+    says so, and retrying them would only repeat them.
+    """
+    if not isinstance(exc, OperationalError | InterfaceError):
+        return False
+    sqlstate = getattr(exc, "sqlstate", None) or getattr(
+        exc.__cause__, "sqlstate", None
+    )
+    return not (isinstance(sqlstate, str) and sqlstate[:2] in REQUEST_ERROR_CLASSES)
+
+
+# SQLSTATE classes of errors in the request, not in reaching the server: data
+# exception, integrity, syntax or access rule, program limit exceeded.
+REQUEST_ERROR_CLASSES = frozenset({"22", "23", "42", "54"})
+
+
+def note_trouble() -> None:
+    global _trouble_at
+    _trouble_at = time.monotonic()
+
+
+def since_trouble() -> float:
+    """Seconds since this process last met an unreachable or frozen database."""
+    return float("inf") if _trouble_at is None else time.monotonic() - _trouble_at
+
+
+def forget_trouble() -> None:
+    """Tests: start from a process that never saw the database away."""
+    global _trouble_at
+    _trouble_at = None
+
+
+def _drop_dead_connections(idle_s: float) -> None:
+    """Close this thread's connections that failed, or that rested and do not answer."""
+    for conn in connections.all(initialized_only=True):
+        if conn.connection is None or conn.in_atomic_block:
+            continue
+        if (conn.errors_occurred or idle_s >= PING_IDLE_S) and not conn.is_usable():
+            conn.close()
+        conn.errors_occurred = False
 
 
 class DBPool:
-    def __init__(self, name: str, size: int):
+    def __init__(self, name: str, size: int, *, retry_once: bool = False):
         self.name = name
         self.size = size
+        # Run a job again on a fresh connection after a connection error:
+        # only for pools whose jobs are reads.
+        self.retry_once = retry_once
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
@@ -46,6 +121,7 @@ class DBPool:
                 self._threads.append(thread)
 
     def _work(self) -> None:
+        done_at = time.monotonic()
         while True:
             item = self._queue.get()
             if item is _STOP:
@@ -54,13 +130,31 @@ class DBPool:
             fn, args, kwargs, future, loop, context = item
             if future.cancelled():
                 continue
+            began = time.monotonic()
             try:
-                result = context.run(fn, *args, **kwargs)
+                result = self._call(context, fn, args, kwargs, began - done_at)
             except BaseException as exc:  # handed to the awaiting coroutine
-                close_old_connections()
-                loop.call_soon_threadsafe(_settle, future, None, exc)
+                _hand_back(loop, future, None, exc)
             else:
-                loop.call_soon_threadsafe(_settle, future, result, None)
+                _hand_back(loop, future, result, None)
+            done_at = time.monotonic()
+            if done_at - began > SLOW_JOB_S:
+                note_trouble()
+
+    def _call(self, context, fn, args, kwargs, idle_s: float):
+        attempts = 2 if self.retry_once else 1
+        for attempt in range(1, attempts + 1):
+            try:
+                _drop_dead_connections(idle_s)
+                return context.run(fn, *args, **kwargs)
+            except BaseException as exc:
+                if not is_connection_error(exc):
+                    raise
+                note_trouble()
+                _drop_dead_connections(0.0)
+                if attempt == attempts:
+                    raise
+                log.debug("database connection lost; reading again: %s", exc)
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` on a pool thread and await its result."""
@@ -81,6 +175,21 @@ class DBPool:
             thread.join(timeout=10)
 
 
+def _hand_back(
+    loop: asyncio.AbstractEventLoop,
+    future: asyncio.Future,
+    result: Any,
+    exc: BaseException | None,
+) -> None:
+    """Give a job's outcome to its loop; a loop that has closed (a process or
+    test shutting down while a job ran) has nobody left to tell."""
+    try:
+        loop.call_soon_threadsafe(_settle, future, result, exc)
+    except RuntimeError:
+        if not loop.is_closed():
+            raise
+
+
 def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> None:
     if future.cancelled():
         return
@@ -90,7 +199,7 @@ def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> N
         future.set_result(result)
 
 
-readers = DBPool("read", READ_THREADS)
+readers = DBPool("read", READ_THREADS, retry_once=True)
 writers = DBPool("write", WRITE_THREADS)
 
 

@@ -1,4 +1,4 @@
-"""Runs and their append-only event journals (DESIGN §2).
+"""Runs and their append-only event journals (docs/architecture.md §2).
 
 Only `journal.store` writes `Event` rows and the journal fields of `Run`.
 """
@@ -20,21 +20,19 @@ class Run(models.Model):
         FAILED = "failed"
         CANCELLED = "cancelled"
         INTERRUPTED = "interrupted"
+        # Released by its worker until an outside decision puts it back in the
+        # queue (`journal.leases.run_wait`, `run_resume`): no lease, no slot.
+        WAITING = "waiting"
 
-    ACTIVE = (Status.QUEUED, Status.RUNNING)
+    ACTIVE = (Status.QUEUED, Status.RUNNING, Status.WAITING)
 
     id = models.CharField(primary_key=True, max_length=40, default=new_run_id)
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="runs"
     )
-    # By string reference: the journal knows nothing of chat beyond this name.
-    session = models.ForeignKey(
-        "chat.ChatSession",
-        on_delete=models.CASCADE,
-        related_name="runs",
-        null=True,
-        blank=True,
-    )
+    # What the run is about, opaque to the journal ("chat.session:12"): the
+    # app that starts runs names it and keeps its own row for the rest.
+    subject = models.CharField(max_length=200, blank=True, db_index=True)
     status = models.CharField(
         max_length=16, choices=Status.choices, default=Status.QUEUED, db_index=True
     )
@@ -45,15 +43,11 @@ class Run(models.Model):
     # Grows on every claim; every append names the token it holds.
     fencing_token = models.PositiveBigIntegerField(default=0)
     cancel_requested_at = models.DateTimeField(null=True, blank=True)
-    model = models.CharField(max_length=200, blank=True)
-    provider = models.CharField(max_length=80, blank=True, db_index=True)
-    # The run's input, for the worker: {"content": ...}; never secrets.
-    request = models.JSONField(default=dict, blank=True)
-    usage = models.JSONField(default=dict, blank=True)
-    diagnostics = models.JSONField(default=dict, blank=True)
+    # A waiting run not resumed by then is settled (`reap_expired_waits`).
+    wait_expires_at = models.DateTimeField(null=True, blank=True)
+    # How the run ended, when it failed: written with its `end`.
     error_category = models.CharField(max_length=32, blank=True)
     error_message = models.TextField(blank=True)
-    idempotency_key = models.CharField(max_length=200, blank=True)
     pruned_at = models.DateTimeField(null=True, blank=True)
     created_at = models.DateTimeField(auto_now_add=True, db_index=True)
     started_at = models.DateTimeField(null=True, blank=True)
@@ -62,13 +56,6 @@ class Run(models.Model):
     class Meta:
         ordering = ["-created_at"]
         indexes = [models.Index(fields=["status", "created_at"])]
-        constraints = [
-            models.UniqueConstraint(
-                fields=["owner", "idempotency_key"],
-                condition=~models.Q(idempotency_key=""),
-                name="run_unique_idempotency_key",
-            ),
-        ]
 
     def __str__(self) -> str:
         return self.id

@@ -1,11 +1,15 @@
-"""Publishing committed events to the channel layer: the doorbell (DESIGN §4, §5.6).
+"""Publishing committed events to the channel layer: the doorbell.
+See docs/architecture.md §4, §5.6.
 
 Only records that are already committed are published. A failed publish is
-logged and forgotten: readers find the events in the journal anyway.
+counted and forgotten: readers find the events in the journal anyway. Failures
+are logged once per outage of the channel layer, with a count when it is back
+(`journal.outages`).
 """
 
 import json
-import logging
+from collections.abc import Mapping
+from typing import Any
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
@@ -14,9 +18,8 @@ from django.db import transaction
 from . import dbpool
 from .events import TERMINAL
 from .models import Run
+from .outages import CHANNEL_LAYER, outage
 from .store import Record, append
-
-log = logging.getLogger(__name__)
 
 
 def group_name(run_id: str) -> str:
@@ -44,10 +47,37 @@ async def publish(run_id: str, records: list[Record]) -> None:
         return
     try:
         await layer.group_send(group_name(run_id), message_for(run_id, records))
-    except Exception:  # the journal decides; a lost doorbell only slows readers
-        log.warning("publish failed run_id=%s", run_id, exc_info=True)
+    except Exception as exc:  # the journal decides; a lost doorbell only slows readers
+        outage(CHANNEL_LAYER).failed("publish", exc)
+    else:
+        outage(CHANNEL_LAYER).recovered()
     if records[-1].type == TERMINAL:
         await _announce_end(run_id, json.loads(records[-1].payload))
+
+
+async def publish_many(batches: list[tuple[str, list[Record]]]) -> None:
+    """`publish` for many runs at once: one batched send through the layer when
+    it has one (`hermes_site.channel_layers`), each run's events in order."""
+    batches = [(run_id, records) for run_id, records in batches if records]
+    layer = get_channel_layer()
+    if not batches or layer is None:
+        return
+    send_many = getattr(layer, "group_send_many", None)
+    if send_many is None:
+        for run_id, records in batches:
+            await publish(run_id, records)
+        return
+    try:
+        await send_many(
+            [(group_name(run_id), message_for(run_id, rs)) for run_id, rs in batches]
+        )
+    except Exception as exc:  # the journal decides; a lost doorbell only slows readers
+        outage(CHANNEL_LAYER).failed("publish", exc)
+    else:
+        outage(CHANNEL_LAYER).recovered()
+    for run_id, records in batches:
+        if records[-1].type == TERMINAL:
+            await _announce_end(run_id, json.loads(records[-1].payload))
 
 
 async def announce(user_id: int, event: str, data: dict) -> None:
@@ -59,12 +89,14 @@ async def announce(user_id: int, event: str, data: dict) -> None:
         await layer.group_send(
             owner_group(user_id), {"type": "user.notify", "event": event, "data": data}
         )
-    except Exception:
-        log.warning("announce failed user_id=%s", user_id, exc_info=True)
+    except Exception as exc:
+        outage(CHANNEL_LAYER).failed("announce", exc)
+    else:
+        outage(CHANNEL_LAYER).recovered()
 
 
-def _owner_of(run_id: str) -> dict | None:
-    return Run.objects.filter(id=run_id).values("owner_id", "session_id").first()
+def _owner_of(run_id: str) -> Mapping[str, Any] | None:
+    return Run.objects.filter(id=run_id).values("owner_id", "subject").first()
 
 
 async def _announce_end(run_id: str, end: dict) -> None:
@@ -76,7 +108,7 @@ async def _announce_end(run_id: str, end: dict) -> None:
             {
                 "action": "finished",
                 "run_id": run_id,
-                "session_id": owner["session_id"],
+                "subject": owner["subject"],
                 "status": end["status"],
             },
         )

@@ -1,11 +1,13 @@
-"""Printing a run's journal: the service behind `manage.py replay_run` (DESIGN §5, §7).
+"""Printing a run's journal: the service behind `manage.py replay_run`.
+See docs/architecture.md §5, §7.
 
 Three renderings of the same records: `text` (the assistant text as streamed,
 every other event as a `[type key=value …]` line), `jsonl` (one
 `{id, seq, event, data}` object a line, as the WebSocket sends them) and `sse`
-(the exact frames of `GET /api/runs/<id>/events/`). Reading pages through
-`journal.store` (bounded memory for any run length); following a live run goes
-through `journal.subscribe`, the core every reader shares.
+(the exact frames of `GET /api/runs/<id>/events/`), both from `journal.wire`.
+Reading pages through `journal.store` (bounded memory for any run length);
+following a live run goes through `journal.subscribe`, the core every reader
+shares.
 """
 
 import asyncio
@@ -16,6 +18,9 @@ from collections.abc import Callable, Iterator
 from contextlib import aclosing
 from datetime import datetime
 
+from . import wire
+from .cursor import Cursor, Verdict, decide
+from .fold import Fold
 from .store import READ_PAGE, Record, RunState, read_after, read_timed, run_state
 from .subscribe import subscribe
 
@@ -28,33 +33,25 @@ class ReplayError(Exception):
     """The run cannot be replayed: unknown, or its events were pruned."""
 
 
-def replay_target(*, run_id: str) -> RunState:
+def replay_target(*, run_id: str, after_seq: int = 0) -> RunState:
     state = run_state(run_id=run_id)
     if state is None:
         raise ReplayError(f"no run {run_id}")
-    if state.pruned:
-        where = (
-            f"; its transcript is in session {state.session_id}"
-            if state.session_id
-            else ""
-        )
-        raise ReplayError(f"the events of run {run_id} were pruned by retention{where}")
+    outcome = decide(
+        pruned=state.pruned,
+        terminal=state.terminal,
+        last_seq=state.last_seq,
+        cursor=Cursor(after_seq),
+    )
+    if outcome.verdict is Verdict.GONE:
+        about = f" (subject {state.subject})" if state.subject else ""
+        raise ReplayError(f"the events of run {run_id}{about} were pruned by retention")
     return state
 
 
 def jsonl_line(run_id: str, record: Record) -> str:
-    # The payload is JSON text already: written as is, never re-encoded.
-    return (
-        f'{{"id":"{run_id}:{record.seq}","seq":{record.seq},'
-        f'"event":{json.dumps(record.type)},"data":{record.payload}}}\n'
-    )
-
-
-def sse_frame(run_id: str, record: Record) -> str:
-    """Byte for byte the frame `chat.sse` sends for this record."""
-    return (
-        f"id: {run_id}:{record.seq}\nevent: {record.type}\ndata: {record.payload}\n\n"
-    )
+    """The WebSocket's frame for this record, on a line of its own."""
+    return wire.json_frame(run_id, record) + "\n"
 
 
 def _marker_value(value) -> str:
@@ -70,24 +67,31 @@ def _marker_value(value) -> str:
 class TextRenderer:
     """The assistant text as it streamed; other events as marker lines.
 
-    Reasoning is framed by `[reasoning]` and `[/reasoning]` lines; a marker
+    Each record goes through the run's fold (`journal.fold`) as it arrives;
+    the text and reasoning it adds to a part are printed as they are, and
+    reasoning is framed by `[reasoning]` and `[/reasoning]` lines. A marker
     always starts on a line of its own, so the answer text between markers is
-    exactly what the run streamed.
+    exactly what the run streamed. Empty deltas print nothing.
     """
 
     def __init__(self):
+        self.fold = Fold()
         self.in_reasoning = False
         self.at_line_start = True
 
     def __call__(self, record: Record) -> str:
         data = json.loads(record.payload)
-        if record.type == "reasoning":
+        part = self.fold.add(record.type, data, record.seq)
+        delta = record.type in ("token", "reasoning")
+        if delta and part is None:
+            return ""
+        if part is not None and part["kind"] == "reasoning":
             out = "" if self.in_reasoning else self._line("[reasoning]")
             self.in_reasoning = True
             return out + self._text(data["text"])
         out = self._line("[/reasoning]") if self.in_reasoning else ""
         self.in_reasoning = False
-        if record.type == "token":
+        if delta:
             return out + self._text(data["text"])
         fields = "".join(f" {k}={_marker_value(v)}" for k, v in data.items())
         return out + self._line(f"[{record.type}{fields}]")
@@ -109,7 +113,7 @@ def renderer(fmt: str, run_id: str) -> Callable[[Record], str]:
     if fmt == "jsonl":
         return lambda record: jsonl_line(run_id, record)
     if fmt == "sse":
-        return lambda record: sse_frame(run_id, record)
+        return lambda record: wire.sse_frame(run_id, record)
     raise ValueError(f"unknown format {fmt!r}; one of {', '.join(FORMATS)}")
 
 

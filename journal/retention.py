@@ -1,9 +1,11 @@
-"""Journal retention: delete the events of runs that ended long ago (DESIGN §5, §7).
+"""Journal retention: delete the events of runs that ended long ago.
+See docs/architecture.md §5, §7.
 
-A pruned run keeps its row (status, usage, diagnostics, `last_seq`) and gets
-`pruned_at`; its readers get 410 Gone pointing at the session transcript, which
-is never touched here (`chat.Message` rows are not journal rows). Only terminal
-runs are pruned: an active run's journal is never cut.
+A pruned run keeps its row (status, `last_seq`, its subject) and gets
+`pruned_at`; its readers get 410 Gone. What the app that started the run kept
+of it (chat's turn and session transcript) is never touched here: those are not
+journal rows. Only terminal runs are pruned: an active run's journal is never
+cut.
 
 Crash-safe order: a run's events are deleted in batches, and `pruned_at` is set
 in the transaction that deletes the last batch, so an interrupted prune leaves

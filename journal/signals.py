@@ -7,3 +7,9 @@ from django.dispatch import Signal
 # `status`. A receiver may keep what the run produced and return a message id
 # for the `end` payload.
 run_settling = Signal()
+
+# Sent inside the transaction that settled a run (`journal.leases.run_settle`),
+# after its `end` was appended, with `run_id` and `status`; in a savepoint: a
+# receiver that fails is logged and undone alone, the end stands. The chat app
+# starts the session's next queued message here.
+run_settled = Signal()

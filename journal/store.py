@@ -1,4 +1,5 @@
-"""The only writer of the journal: append, read after a cursor, summarise (DESIGN §4).
+"""The only writer of the journal: append, read after a cursor, summarise.
+See docs/architecture.md §4.
 
 Appends are synchronous and transactional. The fencing token is checked in the
 same UPDATE that takes the sequence numbers, so a writer whose lease was taken
@@ -17,7 +18,7 @@ from django.db.models import F
 from django.utils import timezone
 
 from . import metrics
-from .events import TERMINAL, validate
+from .events import TERMINAL, InvalidEvent, validate
 from .models import Event, Run
 
 READ_PAGE = 2000  # rows per journal query: bounded memory for any run length
@@ -63,7 +64,7 @@ def append(
     `token` must be the run's current fencing token and the run must be active,
     else `AppendRejected` and nothing is written. An `end` may only be the last
     event; it settles the run (status, terminal_state, ended_at, error).
-    `run_fields` (usage, diagnostics, …) are saved in the same statement.
+    `run_fields` (other columns of the run) are saved in the same statement.
     """
     if not events:
         return []
@@ -101,6 +102,9 @@ def append(
     return records
 
 
+_ACTIVE_IN = "(" + ", ".join(["%s"] * len(Run.ACTIVE)) + ")"
+
+
 def _take_seqs(run_id: str, token: int, count: int) -> int:
     """The hot path: one fenced UPDATE that takes `count` seqs and returns the last.
 
@@ -110,8 +114,9 @@ def _take_seqs(run_id: str, token: int, count: int) -> int:
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE journal_run SET last_seq = last_seq + %s"
-            " WHERE id = %s AND fencing_token = %s AND status IN (%s, %s)"
-            " RETURNING last_seq",
+            " WHERE id = %s AND fencing_token = %s AND status IN "
+            + _ACTIVE_IN
+            + " RETURNING last_seq",
             [count, run_id, token, *Run.ACTIVE],
         )
         row = cursor.fetchone()
@@ -123,7 +128,7 @@ def _take_seqs(run_id: str, token: int, count: int) -> int:
 def _take_seqs_settling(
     run_id: str, token: int, count: int, end: dict | None, run_fields: dict | None, now
 ) -> int:
-    """Like `_take_seqs`, also saving `run_fields` and, with an `end`, settling the run."""
+    """Like `_take_seqs`, also saving `run_fields`; with an `end`, settles the run."""
     updates: dict = {"last_seq": F("last_seq") + count, **(run_fields or {})}
     if end is not None:
         error = end.get("error") or {}
@@ -181,7 +186,7 @@ class RunState:
 
     id: str
     owner_id: int
-    session_id: int | None
+    subject: str
     status: str
     terminal_state: str
     last_seq: int
@@ -204,7 +209,7 @@ class RunState:
 _STATE_FIELDS = (
     "id",
     "owner_id",
-    "session_id",
+    "subject",
     "status",
     "terminal_state",
     "last_seq",
@@ -218,11 +223,12 @@ def run_state(*, run_id: str) -> RunState | None:
     if row is None:
         return None
     *head, pruned_at = row
-    return RunState(*head, pruned=pruned_at is not None)
+    return RunState(*head, pruned=pruned_at is not None)  # type: ignore[misc]
 
 
 def run_summary(*, run: Run, worker_alive: bool | None = None) -> dict:
-    """The status document of `GET /api/runs/<id>/`."""
+    """What the journal knows of a run's state: the generic part of a status
+    document (the app that owns the run's subject adds its own fields)."""
     terminal = run.is_terminal
     if worker_alive is None:
         worker_alive = (
@@ -232,7 +238,7 @@ def run_summary(*, run: Run, worker_alive: bool | None = None) -> dict:
         )
     return {
         "id": run.id,
-        "session_id": run.session_id,
+        "subject": run.subject,
         "status": run.status,
         "terminal": terminal,
         "terminal_state": run.terminal_state,
@@ -240,10 +246,6 @@ def run_summary(*, run: Run, worker_alive: bool | None = None) -> dict:
         "last_event_id": f"{run.id}:{run.last_seq}" if run.last_seq else None,
         "replay_available": run.pruned_at is None,
         "worker_alive": worker_alive,
-        "model": run.model,
-        "provider": run.provider,
-        "usage": run.usage,
-        "diagnostics": run.diagnostics,
         "error": (
             {"category": run.error_category, "message": run.error_message}
             if run.error_category
@@ -256,58 +258,82 @@ def run_summary(*, run: Run, worker_alive: bool | None = None) -> dict:
 
 def append_many(
     batches: list[tuple[str, int, list[tuple[str, dict]]]],
-) -> list[list[Record] | AppendRejected]:
+) -> list[list[Record] | AppendRejected | InvalidEvent]:
     """Several runs' appends in one transaction of two statements: one commit for all.
 
     Each `(run_id, token, events)` is fenced on its own: the one UPDATE takes
     seqs only for runs whose token matches and that are active (RETURNING
     names them); a rejected run writes nothing and gets its `AppendRejected`
-    back in place of its records. No `end` here: runs end through `append`.
+    back in place of its records, a run with an event of the wrong shape its
+    `InvalidEvent`, so one run's bad batch never costs another run anything.
+    No `end` here: runs end through `append`.
     A statement per run would be cheap for the database but not for the
     writer thread, which must win the GIL back from a busy event loop after
     each one (docs/benchmarks.md).
     """
-    if not batches:
-        return []
-    for _run_id, _token, events in batches:
+    results: list[list[Record] | AppendRejected | InvalidEvent] = []
+    valid = []
+    for run_id, token, events in batches:
         if not events:
             raise ValueError("every batch of append_many needs events")
-        for event_type, payload in events:
-            validate(event_type, payload)
-            if event_type == TERMINAL:
-                raise ValueError("append_many takes no end: use append")
-    counts = [x for run_id, _t, events in batches for x in (run_id, len(events))]
-    fences = [x for run_id, token, _e in batches for x in (run_id, token)]
+        try:
+            for event_type, payload in events:
+                validate(event_type, payload)
+                if event_type == TERMINAL:
+                    raise ValueError("append_many takes no end: use append")
+        except InvalidEvent as exc:
+            results.append(exc)
+            continue
+        results.append([])
+        valid.append((run_id, token, events))
+    if not valid:
+        return results
+    counts = [x for run_id, _t, events in valid for x in (run_id, len(events))]
+    fences = [x for run_id, token, _e in valid for x in (run_id, token)]
     now = timezone.now()
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(
             "UPDATE journal_run SET last_seq = last_seq + CASE id"
-            + " WHEN %s THEN %s" * len(batches)
-            + " END WHERE status IN (%s, %s) AND ("
-            + " OR ".join(["(id = %s AND fencing_token = %s)"] * len(batches))
+            + " WHEN %s THEN %s" * len(valid)
+            + " END WHERE status IN "
+            + _ACTIVE_IN
+            + " AND ("
+            + " OR ".join(["(id = %s AND fencing_token = %s)"] * len(valid))
             + ") RETURNING id, last_seq",
             [*counts, *Run.ACTIVE, *fences],
         )
         taken = dict(cursor.fetchall())
-        results: list[list[Record] | AppendRejected] = []
-        for run_id, token, events in batches:
+        rows: list[tuple[str, int, str, str]] = []
+        for i, (run_id, token, events) in enumerate(batches):
+            if isinstance(results[i], InvalidEvent):
+                continue
             if run_id not in taken:
-                results.append(AppendRejected(run_id, _rejection_reason(run_id, token)))
+                results[i] = AppendRejected(run_id, _rejection_reason(run_id, token))
                 continue
             first = taken[run_id] - len(events) + 1
-            results.append(
-                [Record(first + i, t, encode(p)) for i, (t, p) in enumerate(events)]
-            )
+            records = [
+                Record(first + j, t, encode(p)) for j, (t, p) in enumerate(events)
+            ]
+            results[i] = records
+            rows.extend((run_id, r.seq, r.type, r.payload) for r in records)
         created = connection.ops.adapt_datetimefield_value(now)
         cursor.executemany(
             "INSERT INTO journal_event (run_id, seq, type, payload, created_at)"
             " VALUES (%s, %s, %s, %s, %s)",
-            [
-                (run_id, r.seq, r.type, r.payload, created)
-                for (run_id, _t, _e), records in zip(batches, results, strict=True)
-                if not isinstance(records, AppendRejected)
-                for r in records
-            ],
+            [(*row, created) for row in rows],
         )
-    metrics.EVENTS_APPENDED.inc(sum(len(r) for r in results if isinstance(r, list)))
+    metrics.EVENTS_APPENDED.inc(len(rows))
     return results
+
+
+def run_positions(*, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:
+    """`{run_id: (last_seq, fencing_token, status)}`: where each run's journal stands.
+
+    A writer whose append met a connection error reads this before it tries
+    again: the append committed if and only if `last_seq` moved by its batch
+    under its token (seqs are taken in the same transaction as the rows).
+    """
+    rows = Run.objects.filter(id__in=run_ids).values_list(
+        "id", "last_seq", "fencing_token", "status"
+    )
+    return {run_id: (seq, token, status) for run_id, seq, token, status in rows}

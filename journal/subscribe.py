@@ -1,6 +1,6 @@
-"""Replay, then live: the one reading core behind SSE, WebSocket and `replay_run --follow`.
+"""Replay, then live: the one reading core of SSE, WebSocket and `replay_run --follow`.
 
-DESIGN §5, in five lines:
+docs/architecture.md §5, in five lines:
 1. join the run's channel-layer group first (one membership per process: the hub);
 2. replay the journal after the cursor in pages;
 3. then follow the hub's in-memory window, dropping every seq already emitted;
@@ -14,15 +14,16 @@ Readers hold no thread and no connection: journal reads go through
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 from channels.layers import get_channel_layer
 from django.conf import settings
 
-from . import dbpool, metrics
+from . import dbpool, metrics, wire
 from .events import TERMINAL
 from .leases import run_settle
 from .models import Run
+from .outages import CHANNEL_LAYER, DATABASE, DATABASE_ERRORS, Backoff, outage
 from .publish import group_name, publish
 from .store import READ_PAGE, Record, read_after, run_state
 
@@ -31,7 +32,21 @@ log = logging.getLogger(__name__)
 # Recent events each hub keeps for its live readers; readers further behind read
 # the journal in pages. Bounds a hub's memory whatever the run's length.
 WINDOW = 4096
-HUB_RETRY_S = 1.0  # before replacing a hub whose follow task failed (database down?)
+WINDOW_BYTES = 4 * 1024 * 1024  # and about this many payload bytes, at most twice
+# A reader behind the window reads pages of about this many bytes (two at most:
+# one being sent, one prefetched), so it costs well under 1 MiB.
+PAGE_BYTES = 64 * 1024
+PAGE_FIRST_ROWS = 256  # before a reader has seen how large this run's events are
+HUB_RETRY_S = 1.0  # before replacing a hub whose follow task failed (a bug: logged)
+DB_RETRY_CAP_S = 2.0  # journal reads retried at least this often while the DB is down
+LAYER_RETRY_CAP_S = 5.0  # rejoins of the group at least this often while Redis is down
+# `subscribe_frames` encodes a batch in parts of about this many payload bytes:
+# the server's backpressure acts between them, so a reader never holds a whole
+# page's frames at once.
+PART_BYTES = 32 * 1024
+# A hub keeps the writes of its latest few parts for readers that take the same
+# part (all readers at the tail do).
+SHARED_PARTS = 4
 
 
 class RunHub:
@@ -41,6 +56,7 @@ class RunHub:
         self.run_id = run_id
         self.readers = 0
         self.window: list[Record] = []  # contiguous: window[i].seq == base + 1 + i
+        self.window_bytes = 0  # payload bytes in the window
         self.base = 0
         self.end_seq: int | None = None
         self.channel: str | None = None
@@ -49,6 +65,12 @@ class RunHub:
         self._changed = asyncio.Event()
         self._task: asyncio.Task | None = None
         self._idle_s = settings.HERMES["READER_IDLE_CHECK_S"]
+        self._backoff = Backoff(first=0.2, cap=LAYER_RETRY_CAP_S)
+        self._rejoin_at = 0.0
+        # Per format: the frames of window records (seq -> frame), made on a
+        # reader's first need and dropped with the window's head.
+        self._frames: dict[str, dict[int, str]] = {}
+        self._writes: dict[tuple[str, int, int], list] = {}  # recent batches'
 
     @property
     def tail(self) -> int:
@@ -67,9 +89,18 @@ class RunHub:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
 
-    async def wait_changed(self, timeout: float) -> None:
+    async def wait_ready(self, timeout: float) -> bool:
         try:
-            await asyncio.wait_for(self._changed.wait(), timeout)
+            await asyncio.wait_for(self.ready.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def wait_changed(self, timeout: float) -> None:
+        # asyncio.timeout, not wait_for: no task per wait (one per reader and event)
+        try:
+            async with asyncio.timeout(timeout):
+                await self._changed.wait()
         except TimeoutError:
             pass
 
@@ -85,57 +116,103 @@ class RunHub:
             if record.seq != self.tail + 1:
                 break  # a hole: the caller fills it from the journal
             self.window.append(record)
+            self.window_bytes += len(record.payload)
             added = True
             if record.type == TERMINAL:
                 self.end_seq = record.seq
-        if len(self.window) > 2 * WINDOW:
-            drop = len(self.window) - WINDOW
+        if len(self.window) > 2 * WINDOW or self.window_bytes > 2 * WINDOW_BYTES:
+            drop = 0
+            while len(self.window) - drop > WINDOW or (
+                self.window_bytes > WINDOW_BYTES and drop < len(self.window) - 1
+            ):
+                self.window_bytes -= len(self.window[drop].payload)
+                drop += 1
             del self.window[:drop]
+            for frames in self._frames.values():
+                for seq in range(self.base + 1, self.base + drop + 1):
+                    frames.pop(seq, None)
             self.base += drop
         if added:
             self._notify()
+
+    def encode(self, fmt: wire.Format, batch: list[Record]) -> list:
+        """The writes of `batch` (records of this hub's window) in `fmt`.
+
+        Each record is encoded once per hub and format, and readers that take
+        the same batch get the same write objects: the bytes are shared, not
+        copied per reader.
+        """
+        key = (fmt.name, batch[0].seq, batch[-1].seq)
+        writes = self._writes.get(key)
+        if writes is not None:
+            return writes
+        frames = self._frames.setdefault(fmt.name, {})
+        encoded = []
+        for record in batch:
+            frame = frames.get(record.seq)
+            if frame is None:
+                frame = frames[record.seq] = fmt.frame(self.run_id, record)
+            encoded.append(frame)
+        writes = fmt.writes(encoded)
+        if len(self._writes) >= SHARED_PARTS:
+            del self._writes[next(iter(self._writes))]  # the oldest
+        self._writes[key] = writes
+        return writes
+
+    async def _read(self, fn, **kwargs):
+        """A journal read that waits out a database outage (readers keep waiting).
+
+        Readers send keepalives meanwhile: they wait on the hub with a timeout.
+        """
+        backoff = Backoff(first=0.2, cap=DB_RETRY_CAP_S)
+        while True:
+            try:
+                result = await dbpool.readers.run(fn, run_id=self.run_id, **kwargs)
+            except DATABASE_ERRORS as exc:
+                outage(DATABASE).failed("journal read", exc)
+                await asyncio.sleep(backoff.next_delay())
+                continue
+            outage(DATABASE).recovered()
+            return result
 
     async def _fill(self) -> bool:
         """Read the journal after the tail into the window; True if anything came."""
         before = self.tail
         while self.end_seq is None:
-            page = await dbpool.readers.run(
-                read_after, run_id=self.run_id, after_seq=self.tail, limit=READ_PAGE
-            )
+            page = await self._read(read_after, after_seq=self.tail, limit=READ_PAGE)
             self._add(page)
             if len(page) < READ_PAGE:
                 break
         return self.tail > before
 
     async def _join(self) -> None:
+        """Join the run's group on a fresh channel (again after a layer outage)."""
         layer = get_channel_layer()
+        self._rejoin_at = time.monotonic() + self._backoff.next_delay()
         try:
             self.channel = await layer.new_channel()
             await layer.group_add(group_name(self.run_id), self.channel)
-            self.layer_ok = True
-        except Exception:
-            log.warning(
-                "channel layer unavailable, polling run_id=%s",
-                self.run_id,
-                exc_info=True,
-            )
+        except Exception as exc:  # polled meanwhile; retried with backoff
+            outage(CHANNEL_LAYER).failed("hub join", exc)
+            return
+        self.layer_ok = True
+        self._backoff.reset()
+        outage(CHANNEL_LAYER).recovered()
 
     async def _leave(self) -> None:
         if self.layer_ok:
+            self.layer_ok = False
             try:
                 await get_channel_layer().group_discard(
                     group_name(self.run_id), self.channel
                 )
-            except Exception:
-                log.warning(
-                    "group_discard failed run_id=%s", self.run_id, exc_info=True
-                )
-            self.layer_ok = False
+            except Exception as exc:  # the membership expires on its own
+                outage(CHANNEL_LAYER).failed("group discard", exc)
 
     async def _follow(self) -> None:
         try:
             await self._join()  # first, so nothing committed from now on is missed
-            state = await dbpool.readers.run(run_state, run_id=self.run_id)
+            state = await self._read(run_state)
             self.base = state.last_seq if state else 0
             if state is None or state.terminal:
                 self.end_seq = self.base
@@ -158,25 +235,33 @@ class RunHub:
             self._notify()
 
     async def _receive(self) -> dict | None:
-        """The next channel-layer message, or None after a quiet spell."""
+        """The next channel-layer message, or None after a quiet spell.
+
+        While the layer is down the hub polls the journal and rejoins the group
+        with backoff; a rejoin is followed by a journal read (the None), so
+        nothing published while it was away is missed.
+        """
         if not self.layer_ok:
-            await asyncio.sleep(self._idle_s / 4)
+            if time.monotonic() >= self._rejoin_at:
+                await self._join()
+                if self.layer_ok:
+                    return None
+            await asyncio.sleep(min(self._idle_s / 4, 1.0))
             return None
         try:
-            return await asyncio.wait_for(
-                get_channel_layer().receive(self.channel), self._idle_s
-            )
+            async with asyncio.timeout(self._idle_s):
+                message = await get_channel_layer().receive(self.channel)
         except TimeoutError:
             return None
-        except Exception:
-            log.warning(
-                "channel layer failed, polling run_id=%s", self.run_id, exc_info=True
-            )
-            self.layer_ok = False
+        except Exception as exc:
+            outage(CHANNEL_LAYER).failed("hub receive", exc)
+            self.layer_ok = False  # the old membership expires; a new one follows
             return None
+        outage(CHANNEL_LAYER).recovered()
+        return message
 
     async def _settle_if_lost(self) -> None:
-        state = await dbpool.readers.run(run_state, run_id=self.run_id)
+        state = await self._read(run_state)
         if state is None or not state.lease_expired:
             return
         records = await dbpool.writers.run(
@@ -195,17 +280,25 @@ class HubRegistry:
 
     def __init__(self):
         self._hubs: dict[str, RunHub] = {}
-        self._pages: dict[tuple[str, int], asyncio.Future] = {}
+        self._pages: dict[tuple[str, int, int], asyncio.Future] = {}
 
     def __len__(self) -> int:
         return len(self._hubs)
 
-    async def acquire(self, run_id: str) -> RunHub:
+    def __contains__(self, run_id: str) -> bool:
+        return run_id in self._hubs
+
+    def acquire_nowait(self, run_id: str) -> RunHub:
+        """The run's hub, started if needed; the caller waits for `hub.ready`."""
         hub = self._hubs.get(run_id)
         if hub is None or hub.dead:
             hub = self._hubs[run_id] = RunHub(run_id)
             hub.start()
         hub.readers += 1
+        return hub
+
+    async def acquire(self, run_id: str) -> RunHub:
+        hub = self.acquire_nowait(run_id)
         await hub.ready.wait()
         return hub
 
@@ -216,13 +309,17 @@ class HubRegistry:
                 del self._hubs[hub.run_id]
             await hub.stop()
 
-    async def page(self, run_id: str, after_seq: int) -> list[Record]:
+    async def page(
+        self, run_id: str, after_seq: int, limit: int = READ_PAGE
+    ) -> list[Record]:
         """One journal page; concurrent readers at the same position share the query."""
-        key = (run_id, after_seq)
+        key = (run_id, after_seq, limit)
         future = self._pages.get(key)
         if future is None:
             future = asyncio.ensure_future(
-                dbpool.readers.run(read_after, run_id=run_id, after_seq=after_seq)
+                dbpool.readers.run(
+                    read_after, run_id=run_id, after_seq=after_seq, limit=limit
+                )
             )
             self._pages[key] = future
             future.add_done_callback(lambda _f: self._pages.pop(key, None))
@@ -230,11 +327,17 @@ class HubRegistry:
 
 
 class _JournalPages:
-    """One reader's journal pages, the next one read while this one is sent."""
+    """One reader's journal pages, the next one read while this one is sent.
+
+    Pages are bounded in bytes as well as rows (`PAGE_BYTES`, from the sizes
+    the previous page had), so a reader far behind the hub's window holds at
+    most two pages of its own whatever the events weigh.
+    """
 
     def __init__(self, registry: HubRegistry, run_id: str):
         self.registry, self.run_id = registry, run_id
         self._next: tuple[int, asyncio.Future] | None = None
+        self.limit = PAGE_FIRST_ROWS
 
     async def after(self, cursor: int, *, prefetch_below: int) -> list[Record]:
         if self._next is not None and self._next[0] == cursor:
@@ -242,15 +345,19 @@ class _JournalPages:
             self._next = None
         else:
             self.close()
-            future = asyncio.ensure_future(self.registry.page(self.run_id, cursor))
+            future = self._read(cursor)
         batch = await future
-        if len(batch) == READ_PAGE and batch[-1].seq < prefetch_below:
+        full = len(batch) == self.limit
+        if batch:
+            size = sum(len(r.payload) for r in batch) / len(batch) + 64
+            self.limit = max(1, min(READ_PAGE, int(PAGE_BYTES / size)))
+        if full and batch[-1].seq < prefetch_below:
             after = batch[-1].seq
-            self._next = (
-                after,
-                asyncio.ensure_future(self.registry.page(self.run_id, after)),
-            )
+            self._next = (after, self._read(after))
         return batch
+
+    def _read(self, after: int) -> asyncio.Future:
+        return asyncio.ensure_future(self.registry.page(self.run_id, after, self.limit))
 
     def close(self) -> None:
         if self._next is not None:
@@ -269,37 +376,90 @@ def hubs() -> HubRegistry:
     return registry
 
 
-async def subscribe(
+def subscribe(
     run_id: str, *, after_seq: int = 0, idle_s: float | None = None
-) -> AsyncIterator[list[Record]]:
+) -> AsyncGenerator[list[Record]]:
     """Yield the run's records after `after_seq` in batches, each seq once, until `end`.
 
     Yields `[]` after `idle_s` seconds without news, so transports can send a
-    heartbeat. Leaves the group on every exit path, a client disconnect included.
+    heartbeat; a database outage is such a quiet spell (reads are retried with
+    backoff), so an open stream stays open through it. Leaves the group on
+    every exit path, a client disconnect included.
     """
+    return _stream(run_id, after_seq, idle_s, None)
+
+
+def subscribe_frames(
+    run_id: str, fmt: wire.Format, *, after_seq: int = 0, idle_s: float | None = None
+) -> AsyncGenerator[list]:
+    """`subscribe`, as lists of writes in `fmt` (`[]`: a heartbeat).
+
+    A batch comes in parts of about `PART_BYTES`, each encoded when it is
+    reached. Live parts are from the hub's window, encoded once for all its
+    readers (`RunHub.encode`); journal pages are a reader's own.
+    """
+    return _stream(run_id, after_seq, idle_s, fmt)
+
+
+def _parts(batch: list[Record]) -> list[list[Record]]:
+    """`batch` cut into runs of about `PART_BYTES` payload bytes, in order."""
+    if len(batch) <= 4:  # a live tick's batch: one part, however its size
+        return [batch]
+    parts, start, size = [], 0, 0
+    for i, record in enumerate(batch):
+        size += len(record.payload) + 48  # and the frame around it, about
+        if size >= PART_BYTES:
+            parts.append(batch[start : i + 1])
+            start, size = i + 1, 0
+    if start < len(batch):
+        parts.append(batch[start:])
+    return parts
+
+
+async def _stream(
+    run_id: str, after_seq: int, idle_s: float | None, fmt: wire.Format | None
+) -> AsyncGenerator[list]:
+    """`subscribe` (`fmt` None) and `subscribe_frames`: one generator per
+    reader, not one wrapping another (an idle stream's memory counts)."""
     registry = hubs()
     started = time.monotonic()  # replay latency: until the first journaled batch
-    hub = await registry.acquire(run_id)
+    idle_s = idle_s or 3600
+    hub = registry.acquire_nowait(run_id)
     metrics.SUBSCRIPTIONS.inc()
     pages = _JournalPages(registry, run_id)
+    backoff = Backoff(first=0.2, cap=DB_RETRY_CAP_S)
+    shared: RunHub | None
     try:
+        while not await hub.wait_ready(idle_s):
+            yield []  # the hub waits out a database outage
         cursor = after_seq
         while hub.end_seq is None or cursor < hub.end_seq:
             if cursor < hub.base:
-                batch = await pages.after(cursor, prefetch_below=hub.base)
+                try:
+                    batch = await pages.after(cursor, prefetch_below=hub.base)
+                except DATABASE_ERRORS as exc:
+                    outage(DATABASE).failed("journal page", exc)
+                    yield []  # a keepalive, then the same page again
+                    await asyncio.sleep(backoff.next_delay())
+                    continue
+                backoff.reset()
+                shared = None
             elif cursor < hub.tail:
                 start = cursor - hub.base
                 batch = hub.window[start : start + READ_PAGE]
+                shared = hub
             elif hub.end_seq is not None:
                 break
             elif hub.dead:  # replace it (after a pause: it failed for a reason)
                 await asyncio.sleep(HUB_RETRY_S)
                 await registry.release(hub)
-                hub = await registry.acquire(run_id)
+                hub = registry.acquire_nowait(run_id)
+                while not await hub.wait_ready(idle_s):
+                    yield []
                 continue
             else:
                 started = 0.0  # waiting for news: not a replay any more
-                await hub.wait_changed(idle_s or 3600)
+                await hub.wait_changed(idle_s)
                 if cursor >= hub.tail and (hub.end_seq is None or cursor < hub.end_seq):
                     yield []
                 continue
@@ -309,7 +469,14 @@ async def subscribe(
             if started:
                 metrics.REPLAY_FIRST_BATCH_S.observe(time.monotonic() - started)
                 started = 0.0
-            yield batch
+            if fmt is None:
+                yield batch
+            else:
+                for part in _parts(batch):
+                    if shared is not None:
+                        yield shared.encode(fmt, part)
+                    else:
+                        yield fmt.writes([fmt.frame(run_id, r) for r in part])
             if batch[-1].type == TERMINAL:
                 return
     finally:

@@ -1,4 +1,4 @@
-"""What every model provider yields and raises (DESIGN §6).
+"""What every model provider yields and raises (docs/architecture.md §6).
 
 A provider's ``stream()`` is an async generator of the small items below. The
 caller must close it (``contextlib.aclosing``) when it stops early; closing, or
@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, runtime_checkable
+
+from chat.redact import redact
 
 NETWORK: Final = "network"
 TIMEOUT: Final = "timeout"
@@ -63,7 +65,20 @@ class Usage:
     data: dict[str, Any]
 
 
-StreamItem = ContentDelta | ReasoningDelta | ToolCallDelta | Finish | Usage
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Where the stream stands in a response the provider keeps upstream.
+
+    Only providers that can re-attach to a response (``reattach``) yield it:
+    ``sequence`` is the last upstream event handled, so re-attaching after it
+    continues exactly there (docs/architecture.md, "Two cursors").
+    """
+
+    response_id: str
+    sequence: int
+
+
+StreamItem = ContentDelta | ReasoningDelta | ToolCallDelta | Finish | Usage | Upstream
 
 
 class ProviderError(Exception):
@@ -71,9 +86,12 @@ class ProviderError(Exception):
 
     ``retryable`` says whether trying again later may help (shown to users);
     ``during_stream`` is true when the failure struck after response headers,
-    which is what the turn engine resumes or reopens (DESIGN §6 rules 2-3):
+    which is what the turn engine resumes or reopens:
+    See docs/architecture.md §6 rules 2-3.
     failures before headers were already retried by the provider (rule 1).
     ``reason`` is a short label for status messages (``body cut``).
+    ``final`` says the upstream response itself failed, so re-attaching to it
+    cannot help (only providers that re-attach set it).
     """
 
     def __init__(
@@ -85,16 +103,20 @@ class ProviderError(Exception):
         status_code: int | None = None,
         during_stream: bool = False,
         reason: str | None = None,
+        final: bool = False,
     ) -> None:
         if category not in CATEGORIES:
             raise ValueError(f"unknown error category {category!r}")
+        # Provider text is outside input: no secrets, bounded (chat/redact.py).
+        message = redact(message)
         super().__init__(message)
         self.category = category
         self.message = message
         self.retryable = retryable
         self.status_code = status_code
         self.during_stream = during_stream
-        self.reason = reason or message
+        self.reason = redact(reason) if reason else message
+        self.final = final
 
     def __repr__(self) -> str:
         return f"ProviderError({self.category!r}, {self.message!r})"
@@ -135,3 +157,10 @@ class Provider(Protocol):
     async def aclose(self) -> None:
         """Release pooled connections."""
         ...
+
+
+# The system message of a title run (`chat.titles`); the demo provider knows it.
+TITLE_INSTRUCTION = (
+    "Write a title of at most six words for the conversation below. "
+    "Answer with the title only: no quotes, no final period."
+)

@@ -15,6 +15,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from chat.providers.base import (
+    TITLE_INSTRUCTION,
     ContentDelta,
     Finish,
     ReasoningDelta,
@@ -73,6 +74,10 @@ class DemoProvider:
 def _script(
     messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None
 ) -> list[StreamItem]:
+    first = messages[0] if messages else {}
+    if first.get("role") == "system" and first.get("content") == TITLE_INSTRUCTION:
+        title = _title(_last_user_text(messages))
+        return [*_pieces(ContentDelta, title), Finish("stop")]
     last = messages[-1] if messages else {}
     offered = {
         (t.get("function") or {}).get("name")
@@ -111,10 +116,29 @@ def _pieces(kind: type[ContentDelta] | type[ReasoningDelta], text: str) -> list[
 
 def _last_user_text(messages: list[dict[str, Any]]) -> str:
     for message in reversed(messages):
-        if message.get("role") == "user" and isinstance(message.get("content"), str):
-            text = " ".join(message["content"].split())
-            return text if len(text) <= 80 else text[:79] + "…"
+        if message.get("role") != "user":
+            continue
+        content = message.get("content")
+        images = 0
+        if isinstance(content, list):  # content parts: text and images
+            images = sum(1 for p in content if p.get("type") == "image_url")
+            content = " ".join(
+                p.get("text", "") for p in content if p.get("type") == "text"
+            )
+        if isinstance(content, str):
+            text = " ".join(content.split())
+            text = text if len(text) <= 80 else text[:79] + "…"
+            if images:
+                text += f" (and {images} image{'s' if images > 1 else ''})"
+            return text
     return ""
+
+
+def _title(prompt: str) -> str:
+    """A title run's answer: the first few words of the question."""
+    question = prompt.removeprefix("Question:").strip()
+    words = question.split("Answer:")[0].split()[:5]
+    return " ".join(words).strip(".?!,;:") or "Demo chat"
 
 
 def _answer(user_text: str, now: str | None) -> str:

@@ -14,7 +14,7 @@ from typing import Any
 import httpx
 import pytest
 
-from chat.testing.fake_llm import FakeLLM, Reply
+from hermes_testing.fake_llm import FakeLLM, Reply
 
 ROOT = Path(__file__).resolve().parents[2]
 STREAM_BODY = {
@@ -154,6 +154,27 @@ def test_queue_is_consumed_in_order_then_default(fake):
     assert fake.post_count == 3
 
 
+def test_routed_replies_follow_the_last_user_message_whatever_the_order(fake):
+    fake.route("for b", Reply(text="B1"), Reply(text="B2"))
+    fake.route("for a", Reply(text="A1"))
+    fake.push(Reply(text="queued"))
+
+    def ask(*contents: str) -> str:
+        messages = [{"role": "user", "content": c} for c in contents]
+        messages.append({"role": "assistant", "content": "a fragment"})
+        body = {**STREAM_BODY, "messages": messages}
+        with httpx.stream(
+            "POST", f"{fake.base_url}/chat/completions", json=body
+        ) as response:
+            return content_of(response.read())
+
+    # The last *user* message decides, even with an assistant fragment after it.
+    got = [ask("for b"), ask("for b", "for a"), ask("for a"), ask("for b")]
+    assert got == ["B1", "A1", "queued", "B2"]
+    fake.reset()
+    assert ask("for b") == "Hello from the fake model."
+
+
 def test_error_status_with_retry_after_and_body(fake):
     fake.push(
         Reply(status=429, retry_after=0.3),
@@ -267,6 +288,47 @@ def test_management_command_serves_until_interrupted():
             "POST", f"{base_url}/chat/completions", json=STREAM_BODY
         ) as response:
             assert content_of(response.read()) == "hi there"
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=5) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()
+
+
+def test_management_command_speaks_the_anthropic_api_when_asked():
+    env = {**os.environ, "DJANGO_SETTINGS_MODULE": "hermes_site.settings"}
+    args = ["fake_llm", "--port", "0", "--text", "hi there", "--api", "anthropic"]
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdout is not None
+        base_url = proc.stdout.readline().split(" at ")[1].split()[0]
+        body = {
+            "model": "fake-model",
+            "max_tokens": 16,
+            "stream": True,
+            "messages": [{"role": "user", "content": "hi"}],
+        }
+        headers = {"anthropic-version": "2023-06-01"}
+        with httpx.stream(
+            "POST", f"{base_url}/messages", json=body, headers=headers
+        ) as response:
+            frames = response.read().decode()
+        assert "event: message_start" in frames and "event: message_stop" in frames
+        texts = [
+            json.loads(line[6:])["delta"]["text"]
+            for line in frames.splitlines()
+            if line.startswith("data: ") and '"text_delta"' in line
+        ]
+        assert "".join(texts) == "hi there"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=5) == 0
     finally:

@@ -1,11 +1,19 @@
 """The browser pages through Django's test client: sign-up, login, account, CSRF."""
 
+import gzip
+import os
+from pathlib import Path
+
+import brotli
+import httpx
 import pytest
 from django.contrib.auth.models import Group
+from django.contrib.staticfiles import finders
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
 from chat import views
+from hermes_testing.harness import STRICT_CSP, csp_directives
 
 PASSWORD = "correct horse battery staple"
 
@@ -18,8 +26,8 @@ def signup(client: Client, username: str):
 
 
 @pytest.fixture
-def no_env_signup(monkeypatch):
-    monkeypatch.delenv("HERMES_OPEN_SIGNUP", raising=False)
+def no_env_signup(settings):
+    settings.HERMES = {**settings.HERMES, "OPEN_SIGNUP": False}
 
 
 @pytest.mark.django_db
@@ -66,16 +74,16 @@ def test_admin_opens_signup_and_later_users_are_not_admins(
 def test_only_an_admin_changes_signup(client, django_user_model, no_env_signup):
     django_user_model.objects.create_superuser("root", password=PASSWORD)
     django_user_model.objects.create_user("pat", password=PASSWORD)
-    client.login(username="pat", password=PASSWORD)
+    client.force_login(django_user_model.objects.get(username="pat"))
     response = client.post("/accounts/", {"action": "signup", "open_signup": "on"})
     assert response.status_code == 403
     assert not views.signup_is_open()
 
 
 @pytest.mark.django_db
-def test_env_flag_opens_signup(client, django_user_model, monkeypatch):
+def test_env_flag_opens_signup(client, django_user_model, settings):
     django_user_model.objects.create_superuser("root", password=PASSWORD)
-    monkeypatch.setenv("HERMES_OPEN_SIGNUP", "true")
+    settings.HERMES = {**settings.HERMES, "OPEN_SIGNUP": True}  # HERMES_OPEN_SIGNUP
     assert signup(client, "guest").status_code == 302
     assert not django_user_model.objects.get(username="guest").is_superuser
 
@@ -135,6 +143,68 @@ def test_chat_page_static_files_are_served(client, django_user_model):
         )
     assert client.get("/static/../chat/views.py").status_code == 404
     assert client.get("/static/hermes/").status_code == 404
+
+
+def test_static_files_over_asgi_revalidate_and_answer_304(server):
+    """WhiteNoise under the real ASGI server: validators, no stale module."""
+    url = f"{server.url}/static/hermes/js/app.js"
+    first = httpx.get(url)
+    assert first.status_code == 200 and first.content
+    assert first.headers["Cache-Control"] == "max-age=0, public"
+    assert first.headers["ETag"] and first.headers["Last-Modified"]
+    assert "Access-Control-Allow-Origin" not in first.headers
+    again = httpx.get(url, headers={"If-None-Match": first.headers["ETag"]})
+    assert again.status_code == 304 and again.content == b""
+    head = httpx.head(url)
+    assert head.status_code == 200 and head.content == b""
+    assert int(head.headers["Content-Length"]) == len(first.content)
+    assert httpx.post(url).status_code == 405
+
+
+@pytest.fixture
+def collected(settings, tmp_path):
+    """`collectstatic` into a folder of this test's, as `make run` does (only
+    the page's own files: compressing every library's takes a while)."""
+    from django.core.management import call_command
+
+    settings.STATIC_ROOT = tmp_path / "static"
+    others = ["admin", "drf_spectacular_sidecar", "rest_framework", "vendor"]
+    call_command(
+        "collectstatic", interactive=False, verbosity=0, ignore_patterns=others
+    )
+    return settings.STATIC_ROOT
+
+
+def test_collected_files_are_served_compressed_unless_older_than_their_source(
+    collected,
+):
+    """The async path (as under daphne or uvicorn), over `collectstatic`'s copies."""
+    from asgiref.sync import async_to_sync
+    from django.test import AsyncClient
+
+    path = "/static/hermes/js/app.js"
+    assert (collected / "hermes/js/app.js.br").exists()
+    assert (collected / "hermes/js/app.js.gz").exists()
+
+    def get(encoding: str):
+        return async_to_sync(AsyncClient().get)(
+            path, headers={"Accept-Encoding": encoding}
+        )
+
+    source = finders.find("hermes/js/app.js")
+    plain = Path(source).read_bytes()
+    br = get("gzip, br")
+    assert br["Content-Encoding"] == "br" and br["Vary"] == "Accept-Encoding"
+    assert brotli.decompress(br.content) == plain
+    gz = get("gzip")
+    assert gz["Content-Encoding"] == "gzip"
+    assert gzip.decompress(gz.content) == plain
+    assert get("identity").content == plain
+
+    old = Path(source).stat().st_mtime - 60  # a copy from before the last edit
+    os.utime(collected / "hermes/js/app.js", (old, old))
+    stale = get("gzip, br")
+    assert "Content-Encoding" not in stale and stale.content == plain
 
 
 @pytest.mark.django_db
@@ -214,3 +284,20 @@ def test_login_page_links_to_signup_only_while_open(
     assert b'data-testid="signup-link"' in client.get("/accounts/login/").content
     django_user_model.objects.create_superuser("root", password=PASSWORD)
     assert b'data-testid="signup-link"' not in client.get("/accounts/login/").content
+
+
+@pytest.mark.django_db
+def test_every_answer_carries_the_strict_content_security_policy(
+    client, django_user_model
+):
+    """Pages, forms, the admin and the API alike: the policy is site-wide."""
+    anonymous = ["/accounts/login/", "/accounts/signup/", "/admin/login/"]
+    for path in anonymous:
+        assert csp_directives(client.get(path)["Content-Security-Policy"]) == (
+            STRICT_CSP
+        ), path
+    client.force_login(django_user_model.objects.create_user("ann"))
+    for path in ["/", "/accounts/", "/api/sessions/"]:
+        response = client.get(path)
+        assert response.status_code == 200, path
+        assert csp_directives(response["Content-Security-Policy"]) == STRICT_CSP

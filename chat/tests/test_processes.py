@@ -1,4 +1,4 @@
-"""Real processes: a worker killed or paused mid-run, and a reader moving between servers."""
+"""Real processes: a worker killed or paused mid-run; a reader moving servers."""
 
 import os
 import signal
@@ -12,38 +12,20 @@ from django.utils import timezone
 
 from chat.models import Message
 from chat.services import journal_text
-from chat.testing.fake_llm import Reply
 from chat.worker import Worker
-from hermes_site.testing import read_sse, running_run, spawn, subprocess_env, wait_until
+from hermes_testing.api import LONG, start_run, stream, text_of
+from hermes_testing.fake_llm import Reply
+from hermes_testing.harness import (
+    read_sse,
+    running_run,
+    spawn,
+    subprocess_env,
+    wait_until,
+)
+from hermes_testing.workers import LEASE_S, spawn_worker, start_slow_run
 from journal.leases import reap_lost_runs
 from journal.models import Event, Run
 from journal.publish import append_and_publish
-
-from .test_worker import LONG, new_session, start_run, stream, text_of
-
-LEASE_S = 1.5
-
-
-def spawn_worker(fake_llm, *extra: str):
-    env = subprocess_env(
-        OPENAI_BASE_URL=fake_llm.base_url,
-        HERMES_DEFAULT_MODEL="fake-model",
-        HERMES_LEASE_S=str(LEASE_S),
-        HERMES_HEARTBEAT_S="0.3",
-    )
-    return spawn(["manage.py", "worker", "--concurrency", "2", *extra], env, "running")
-
-
-def start_slow_run(server, alice, fake_llm):
-    """A run streaming slowly from the model, with a few tokens journaled already."""
-    fake_llm.push(Reply(text=LONG, tokens_per_s=40, chunk_chars=2))
-    session_id = new_session(server, alice[1])
-    run_id = start_run(server, alice[1], session_id, "talk slowly")
-    wait_until(
-        lambda: Event.objects.filter(run_id=run_id, type="token").count() >= 3,
-        timeout=15,
-    )
-    return session_id, run_id
 
 
 def test_worker_killed_mid_run_is_settled_as_lost_and_the_next_turn_works(

@@ -21,7 +21,7 @@ from chat.providers.base import (
 )
 from chat.providers.demo import DemoProvider
 from chat.providers.openai import OpenAIProvider
-from chat.testing.fake_llm import FakeLLM, Reply
+from hermes_testing.fake_llm import FakeLLM, Reply
 
 MESSAGES = [{"role": "user", "content": "hi"}]
 TOOLS = [{"type": "function", "function": {"name": "calculator", "parameters": {}}}]
@@ -176,7 +176,7 @@ def test_body_cut_is_a_network_stream_fault(fake):
     assert not any(isinstance(i, Finish) for i in items)
     assert error is not None and error.category == "network"
     assert error.during_stream and error.retryable and error.reason == "body cut"
-    assert "peer closed connection" in error.message  # httpx's own words
+    assert "payload is not completed" in error.message  # the client library's words
 
 
 def test_malformed_chunk_is_a_provider_stream_fault(fake):

@@ -11,6 +11,7 @@ import pytest
 
 from chat import tools
 from chat.tools import Tool, ToolError, calculate, run_tool, tools_schema
+from hermes_testing import tool_doubles
 
 
 @pytest.fixture
@@ -20,7 +21,7 @@ def machine_tool():
         Tool(
             name="read_file",
             description="Read a file.",
-            func=lambda args: "secret contents",
+            func=tool_doubles.read_file,
             safe=False,
         )
     )
@@ -134,10 +135,7 @@ def test_async_tools_and_timeouts():
 
 
 def test_a_crashing_tool_is_reported_not_raised():
-    def crash(args):
-        raise RuntimeError("kaput")
-
-    tools.register(Tool(name="crash", description="", func=crash))
+    tools.register(Tool(name="crash", description="", func=tool_doubles.crash))
     try:
         assert call("crash", enabled=["crash"]) == ("error: RuntimeError: kaput", True)
     finally:
@@ -147,3 +145,114 @@ def test_a_crashing_tool_is_reported_not_raised():
 def test_duplicate_names_are_refused():
     with pytest.raises(ValueError):
         tools.register(Tool(name="calculator", description="", func=lambda a: ""))
+
+
+@pytest.mark.parametrize(
+    ("expression", "refusal"),
+    [
+        ("round(1, -10**9)", "at most 1000 digits"),
+        ("round(1, -4*10**7)", "at most 1000 digits"),
+        ("round(2.5, 10**9)", "at most 1000 digits"),
+        ("10 ** 10 ** 10", "too large"),
+        ("2 ** 10001", "too large"),
+        ("(-3) ** 7000", "too large"),
+        ("10**3000 * 10**3000", "too large"),
+        ("(10**3000 + 1) * (10**3000 + 1) * 7", "too large"),
+        ("-" * 300 + "1", "nested deeper"),
+        ("abs(" * 60 + "1" + ")" * 60, "nested deeper"),
+        ("1 << 10**9", "unsupported"),
+        ("factorial(10**6)", "unsupported"),
+        ("'a' * 10**9", "unsupported"),
+    ],
+)
+def test_calculator_refuses_oversized_steps_before_doing_them(expression, refusal):
+    """Each would hold the GIL for seconds to minutes if computed."""
+    result, is_error = call("calculator", {"expression": expression})
+    assert is_error and refusal in result, result
+
+
+def test_calculator_results_stay_printable():
+    result, is_error = call("calculator", {"expression": "2 ** 9999 - 1"})
+    assert not is_error and result == str(2**9999 - 1)
+    assert call("calculator", {"expression": "round(123456, -3)"}) == ("123000", False)
+
+
+@pytest.fixture
+def flawed_tools():
+    names = []
+    for func in (tool_doubles.gil_bomb, tool_doubles.memory_bomb):
+        tools.register(Tool(name=func.__name__, description="", func=func))
+        names.append(func.__name__)
+    tools.register(
+        Tool(name="exit_process", description="", func=tool_doubles.exit_process)
+    )
+    names.append("exit_process")
+    yield names
+    for name in names:
+        tools.unregister(name)
+
+
+def test_a_runaway_tool_is_killed_at_its_timeout(flawed_tools):
+    result, is_error = call("gil_bomb", enabled=flawed_tools, timeout=1)
+    assert is_error and result == "error: gil_bomb took longer than 1 s and was stopped"
+    # The pool replaced the killed process: the next call is answered.
+    assert call("calculator", {"expression": "6*7"}) == ("42", False)
+
+
+def test_a_tool_past_its_memory_limit_fails_alone(flawed_tools, settings):
+    result, is_error = call("memory_bomb", enabled=flawed_tools, timeout=30)
+    limit = settings.HERMES["TOOL_MEMORY_MB"]
+    assert is_error
+    assert result == f"error: memory_bomb ran out of memory (limit {limit} MiB)"
+
+
+def test_a_tool_whose_process_dies_is_reported(flawed_tools):
+    result, is_error = call("exit_process", enabled=flawed_tools, timeout=30)
+    assert is_error and result.startswith("error: exit_process was stopped:"), result
+    assert call("calculator", {"expression": "1+1"}) == ("2", False)
+
+
+def test_calls_past_the_per_step_cap_are_refused_unrun(settings):
+    settings.HERMES = {**settings.HERMES, "MAX_TOOL_CALLS_PER_STEP": 3}
+    args = {"expression": "6*7"}
+    assert [call("calculator", args, call_index=i) for i in range(3)] == [
+        ("42", False)
+    ] * 3
+    result, is_error = call("calculator", args, call_index=3)
+    assert is_error and "at most 3 tool calls per model step" in result
+    assert "call 4" in result
+
+
+def test_cancelling_a_call_kills_its_process(settings, tmp_path):
+    """One tool process: if the cancelled call's process were left spinning,
+    the next call would wait for it far past the bound below."""
+    from chat import toolpool
+    from hermes_testing.harness import wait_until
+
+    toolpool.shutdown()
+    settings.HERMES = {**settings.HERMES, "TOOL_PROCESSES": 1}
+    tools.register(
+        Tool(name="spin", description="", func=tool_doubles.spin_after_marker)
+    )
+    marker = tmp_path / "running"
+
+    async def scenario() -> tuple[str, bool]:
+        spinning = asyncio.create_task(
+            run_tool(
+                "spin",
+                json.dumps({"marker": str(marker)}),
+                enabled=["spin"],
+                timeout=600,  # only the cancel can end it within the test
+            )
+        )
+        await asyncio.to_thread(wait_until, marker.exists, 60)
+        spinning.cancel()
+        await asyncio.gather(spinning, return_exceptions=True)
+        answer = run_tool("calculator", '{"expression": "6*7"}', timeout=30)
+        return await asyncio.wait_for(answer, 60)
+
+    try:
+        assert asyncio.run(scenario()) == ("42", False)
+    finally:
+        tools.unregister("spin")
+        toolpool.shutdown()

@@ -7,8 +7,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from chat.models import ChatSession, Message
-from chat.testing.fake_llm import Reply
-from chat.tests.test_worker import CALCULATOR_STEP, new_session, start_run, stream
+from hermes_testing.api import CALCULATOR_STEP, new_session, start_run, stream
+from hermes_testing.fake_llm import Reply
 
 FIELDS = ("role", "content", "reasoning", "tool_calls", "tool_call_id", "complete")
 TOOL_CALLS = [

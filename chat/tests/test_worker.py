@@ -1,51 +1,24 @@
-"""The turn worker against the loopback model server, read over real sockets (DESIGN §6)."""
+"""The turn worker against the loopback model server, read over real sockets.
 
-import json
+See docs/architecture.md §6.
+"""
+
 import time
 
 import httpx
 
-from chat.models import ChatSession, Message
-from chat.testing.fake_llm import Reply
-from hermes_site.testing import read_sse, wait_until
-from journal.models import Event, Run
-
-LONG = "The quick brown fox jumps over the lazy dog. " * 8
-# A model step that only calls the calculator; the model answers on the next.
-CALCULATOR_STEP = Reply(
-    text="",
-    tool_calls=[
-        {"id": "call_1", "name": "calculator", "arguments": '{"expression": "6*7"}'}
-    ],
+from chat.models import ChatSession, Message, Turn
+from hermes_testing.api import (
+    CALCULATOR_STEP,
+    LONG,
+    new_session,
+    start_run,
+    stream,
+    text_of,
 )
-
-
-def start_run(server, headers, session_id, content, **extra):
-    response = httpx.post(
-        f"{server.url}/api/sessions/{session_id}/runs/",
-        json={"content": content},
-        headers={**headers, **extra},
-    )
-    assert response.status_code in (200, 201), response.text
-    return response.json()["run_id"]
-
-
-def new_session(server, headers):
-    response = httpx.post(
-        f"{server.url}/api/sessions/", json={"title": "t"}, headers=headers
-    )
-    assert response.status_code == 201, response.text
-    return response.json()["id"]
-
-
-def stream(server, headers, run_id, **kw):
-    result = read_sse(f"{server.url}/api/runs/{run_id}/events/", headers=headers, **kw)
-    assert result.status == 200
-    return result.events
-
-
-def text_of(events):
-    return "".join(data["text"] for _, kind, data in events if kind == "token")
+from hermes_testing.fake_llm import Reply
+from hermes_testing.harness import wait_until
+from journal.models import Event
 
 
 def test_completed_turn(server, alice, fake_llm, live_worker):
@@ -71,10 +44,10 @@ def test_completed_turn(server, alice, fake_llm, live_worker):
     assert (message.content, message.complete) == ("Hello **there**, friend.", True)
     # Replay reproduces exactly what the live reader saw.
     assert stream(server, alice[1], run_id) == events
-    run = Run.objects.get(id=run_id)
+    turn = Turn.objects.get(run_id=run_id)
     assert (
-        run.usage["total_tokens"] == 18
-        and run.diagnostics["model_requests_started"] == 1
+        turn.usage["total_tokens"] == 18
+        and turn.diagnostics["model_requests_started"] == 1
     )
     assert fake_llm.post_count == 1
     wait_until(lambda: live_worker.active_provider_requests == 0)
@@ -133,7 +106,7 @@ def test_cut_stream_every_time_fails_then_next_turn_sends_each_fragment_once(
         *[("assistant", f) for f in fragments],
         ("user", "second question"),
     ]
-    assert Run.objects.get(id=second).usage["total_tokens"] == 53
+    assert Turn.objects.get(run_id=second).usage["total_tokens"] == 53
     wait_until(lambda: live_worker.active_provider_requests == 0)
 
 
@@ -148,9 +121,12 @@ def test_cancel_of_a_stalled_stream_closes_the_provider_connection(
     asked = time.monotonic()
     response = httpx.post(f"{server.url}/api/runs/{run_id}/cancel/", headers=alice[1])
     assert response.status_code == 202
-    fake_llm.wait_closed(0, timeout=5)
+    fake_llm.wait_closed(0, timeout=10)
     closed = fake_llm.requests[0]
-    assert closed.closed_by == "client" and closed.closed_at - asked < 1.0
+    # The stalled stream would wait out its idle timeout (minutes); the cancel
+    # closing it within a few seconds, however busy the machine, proves the
+    # cancel won the race (on an idle machine it takes well under a second).
+    assert closed.closed_by == "client" and closed.closed_at - asked < 5.0
     events = stream(server, alice[1], run_id)
     end = events[-1][2]
     assert (end["status"], end["terminal_state"]) == ("cancelled", "cancelled-by-user")
@@ -193,7 +169,7 @@ def test_rate_limit_then_success_is_retried_with_retry_after(
     requests = fake_llm.requests
     assert len(requests) == 3
     assert requests[1].received_at - requests[0].received_at >= 0.3
-    diagnostics = Run.objects.get(id=run_id).diagnostics
+    diagnostics = Turn.objects.get(run_id=run_id).diagnostics
     assert (
         diagnostics["http_retries"] == 2 and diagnostics["model_requests_started"] == 3
     )
@@ -210,7 +186,7 @@ def test_stream_dying_before_content_is_reopened_silently(
     events = stream(server, alice[1], run_id)
     assert text_of(events) == "whole answer"
     assert not [1 for _, k, _ in events if k == "status"]
-    assert Run.objects.get(id=run_id).diagnostics["transparent_retries"] == 1
+    assert Turn.objects.get(run_id=run_id).diagnostics["transparent_retries"] == 1
 
 
 def test_tool_call_step_then_answer(server, alice, fake_llm, live_worker):
@@ -257,23 +233,17 @@ def test_second_run_while_one_is_active_is_409_and_idempotency_key_reuses(
 
 
 def test_models_come_from_settings_and_v1_models_across_providers(
-    server, alice, fake_llm, live_worker, monkeypatch
+    server, alice, fake_llm, live_worker, settings
 ):
     from chat.providers import registry
 
-    monkeypatch.setenv(
-        "HERMES_PROVIDERS",
-        json.dumps(
-            [
-                {
-                    "name": "second",
-                    "base_url": fake_llm.base_url,
-                    "api_key_env": "SECOND_KEY",
-                    "models": ["other-model"],
-                }
-            ]
-        ),
-    )
+    second = {
+        "name": "second",
+        "base_url": fake_llm.base_url,
+        "api_key_env": "SECOND_KEY",
+        "models": ["other-model"],
+    }
+    settings.HERMES = {**settings.HERMES, "PROVIDERS": [second]}
     registry.reset()
     listed = httpx.get(f"{server.url}/api/models/", headers=alice[1]).json()
     providers = {m["id"]: m["provider"] for m in listed["models"]}
@@ -288,6 +258,6 @@ def test_models_come_from_settings_and_v1_models_across_providers(
     )
     run_id = response.json()["run_id"]
     assert text_of(stream(server, alice[1], run_id)) == "From the second provider."
-    assert Run.objects.get(id=run_id).provider == "second"
+    assert Turn.objects.get(run_id=run_id).provider == "second"
     assert fake_llm.requests[-1].body["model"] == "other-model"
     registry.reset()

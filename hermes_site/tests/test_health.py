@@ -1,4 +1,7 @@
-"""`/healthz` and `/metrics` over a real server, on both deployments (DESIGN §7)."""
+"""`/healthz` and `/metrics` over a real server, on both deployments.
+
+See docs/architecture.md §7.
+"""
 
 import re
 import threading
@@ -8,10 +11,10 @@ import httpx
 import pytest
 from django.utils import timezone
 
-from chat.models import ChatSession
-from chat.testing.fake_llm import Reply
-from chat.tests.test_worker import LONG, new_session, start_run, stream, text_of
-from hermes_site.testing import read_sse, wait_until
+from chat.models import ChatSession, Turn
+from hermes_testing.api import LONG, new_session, start_run, stream, text_of
+from hermes_testing.fake_llm import Reply
+from hermes_testing.harness import read_sse, wait_until
 from journal.heartbeats import worker_beat
 from journal.models import Run, WorkerHeartbeat
 
@@ -23,7 +26,7 @@ def healthz(url: str) -> tuple[int, dict]:
     return response.status_code, response.json()
 
 
-def test_healthz_is_healthy_with_a_live_worker(server, live_worker):
+def test_healthz_is_healthy_with_a_live_worker(transactional_db, server, live_worker):
     wait_until(
         lambda: WorkerHeartbeat.objects.filter(worker_id=live_worker.worker_id).exists()
     )
@@ -35,7 +38,10 @@ def test_healthz_is_healthy_with_a_live_worker(server, live_worker):
         "database": True,
         "channel_layer": True,
         "workers": True,
+        "providers": True,
+        "outages": True,
     }
+    assert body["failed"] == [] and body["warnings"] == []
     assert checks["workers"]["alive"] >= 1
 
 
@@ -44,6 +50,7 @@ def test_healthz_without_a_recent_worker_heartbeat_is_unhealthy(
 ):
     status, body = healthz(server.url)
     assert status == 503 and body["status"] == "unhealthy"
+    assert body["failed"] == ["workers"]  # which check failed, by name
     assert body["checks"]["workers"] == {
         **body["checks"]["workers"],
         "ok": False,
@@ -71,6 +78,7 @@ def test_healthz_reports_a_stopped_redis(client, transactional_db, settings):
     response = client.get("/healthz")
     assert response.status_code == 503
     checks = response.json()["checks"]
+    assert response.json()["failed"] == ["channel_layer"]
     assert checks["channel_layer"]["ok"] is False and checks["channel_layer"]["error"]
     assert "6390" not in response.content.decode()  # errors by class name only
     assert checks["database"]["ok"] and checks["workers"]["ok"]
@@ -94,6 +102,7 @@ REPLAYS = "hermes_replay_first_batch_seconds_count"
 FIRST_TOKENS = "hermes_model_first_token_seconds_count"
 SUBSCRIBED = "hermes_subscriptions_active"
 IN_FLIGHT = "hermes_provider_requests_in_flight"
+OPENAI_REQUESTS = 'hermes_provider_requests_total{provider="openai"}'
 
 
 def test_metrics_counters_move_when_a_run_streams(server, alice, fake_llm, live_worker):
@@ -109,6 +118,7 @@ def test_metrics_counters_move_when_a_run_streams(server, alice, fake_llm, live_
     assert after[COMPLETED] == before[COMPLETED] + 1
     assert after[REPLAYS] >= before[REPLAYS] + 1
     assert after[FIRST_TOKENS] == before[FIRST_TOKENS] + 1
+    assert after[OPENAI_REQUESTS] == before.get(OPENAI_REQUESTS, 0) + 1
     wait_until(lambda: scrape(server.url)[IN_FLIGHT] == 0)
     wait_until(
         lambda: scrape(server.url)["hermes_workers_alive"] >= 1
@@ -151,7 +161,10 @@ def test_metrics_gauges_follow_a_stalled_stream_and_its_reader(
 
 def test_metrics_need_no_login_and_show_no_user_data(server, alice):
     session = ChatSession.objects.create(owner=alice[0], title="secret-project-title")
-    Run.objects.create(owner=alice[0], session=session, model="m", provider="p")
+    run = Run.objects.create(owner=alice[0], subject=session.subject)
+    Turn.objects.create(
+        run=run, owner=alice[0], session=session, model="m", provider="p"
+    )
     response = httpx.get(f"{server.url}/metrics")
     assert response.status_code == 200
     body = response.text
@@ -163,10 +176,58 @@ def test_metrics_need_no_login_and_show_no_user_data(server, alice):
     ):
         assert private not in body
     assert 'hermes_runs{status="queued"}' in body
-    labels = set(re.findall(r"\{(\w+)=", body))
-    assert labels <= {"status", "le"}
+    labels = set(re.findall(r"[{,](\w+)=", body))
+    assert labels <= {"status", "le", "provider"}
+    providers = set(re.findall(r'provider="([^"]*)"', body))
+    assert providers <= {"demo", "openai"}  # configured names only
 
 
 @pytest.mark.parametrize("path", ["/healthz", "/metrics"])
 def test_probes_answer_get_only(client, db, path):
     assert client.post(path).status_code == 405
+
+
+def _burn() -> None:
+    while True:
+        pass
+
+
+def test_healthz_stays_healthy_under_cpu_load(server, live_worker):
+    """Busy CPUs make checks slower, not failed: no 503 for load alone."""
+    import multiprocessing
+    import os
+
+    wait_until(
+        lambda: WorkerHeartbeat.objects.filter(worker_id=live_worker.worker_id).exists()
+    )
+    context = multiprocessing.get_context("fork")
+    burners = [context.Process(target=_burn) for _ in range(2 * (os.cpu_count() or 2))]
+    for burner in burners:
+        burner.start()
+    try:
+        answers = [healthz(server.url) for _ in range(10)]
+    finally:
+        for burner in burners:
+            burner.kill()
+            burner.join()
+    assert [status for status, _ in answers] == [200] * 10, [b for _, b in answers]
+    assert all(body["failed"] == [] for _, body in answers)
+
+
+def test_a_working_round_trip_ends_a_channel_layer_outage(
+    server, transactional_db, live_worker
+):
+    """`outages` reports what this process counts as down, until it works again."""
+    from journal.outages import CHANNEL_LAYER, Outage, outage
+
+    Outage._all.clear()
+    outage(CHANNEL_LAYER).failed("publish", ConnectionError("refused"))
+    assert CHANNEL_LAYER in Outage.current()
+    wait_until(
+        lambda: WorkerHeartbeat.objects.filter(worker_id=live_worker.worker_id).exists()
+    )
+    healthz(server.url)  # its channel-layer round trip succeeds
+    status, body = healthz(server.url)
+    assert status == 200 and body["checks"]["outages"]["down"] == {}
+    assert "outages" not in body["warnings"]
+    Outage._all.clear()

@@ -14,7 +14,7 @@ def _handler(lines: list[str]) -> logging.Handler:
             lines.append(self.format(record))
 
     handler = Keep()
-    handler.addFilter(RunContextFilter())
+    handler.addFilter(RunContextFilter(fields=["session_id"]))
     handler.setFormatter(RunContextFormatter(FORMAT))
     return handler
 
@@ -51,11 +51,11 @@ def test_lines_inside_a_run_and_its_tasks_name_it_and_others_do_not():
 
 def test_the_filter_gives_every_record_the_fields_for_a_format_string():
     record = logging.LogRecord("x", logging.INFO, __file__, 1, "hello", None, None)
-    RunContextFilter().filter(record)
+    RunContextFilter(fields=["session_id"]).filter(record)
     assert (record.run_id, record.session_id) == ("-", "-")
     with run_logging(run_id="run_B"):
         inside = logging.LogRecord("x", logging.INFO, __file__, 1, "hello", None, None)
-        RunContextFilter().filter(inside)
+        RunContextFilter(fields=["session_id"]).filter(inside)
     assert (inside.run_id, inside.session_id) == ("run_B", "-")
     plain = logging.Formatter("%(message)s run_id=%(run_id)s session_id=%(session_id)s")
     assert plain.format(inside) == "hello run_id=run_B session_id=-"

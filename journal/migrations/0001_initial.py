@@ -11,7 +11,6 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ('chat', '0001_initial'),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -40,7 +39,10 @@ class Migration(migrations.Migration):
                 ('started_at', models.DateTimeField(blank=True, null=True)),
                 ('ended_at', models.DateTimeField(blank=True, null=True)),
                 ('owner', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='runs', to=settings.AUTH_USER_MODEL)),
-                ('session', models.ForeignKey(blank=True, null=True, on_delete=django.db.models.deletion.CASCADE, related_name='runs', to='chat.chatsession')),
+                # Was a foreign key to chat's sessions: databases made before
+                # 0005 have that column (and, on PostgreSQL, its constraint);
+                # 0005 drops it once chat has copied it (chat/0003).
+                ('legacy_session_id', models.BigIntegerField(blank=True, null=True, db_column='session_id')),
             ],
             options={
                 'ordering': ['-created_at'],

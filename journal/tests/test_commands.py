@@ -1,4 +1,7 @@
-"""`replay_run` and `prune_journal` on real journals, live runs included (DESIGN §7)."""
+"""`replay_run` and `prune_journal` on real journals, live runs included.
+
+See docs/architecture.md §7.
+"""
 
 import io
 import json
@@ -6,21 +9,17 @@ import time
 import tracemalloc
 from datetime import timedelta
 
-import httpx
 import pytest
 from django.core.management import CommandError, call_command
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 
-from chat.models import ChatSession, Message
-from chat.testing.fake_llm import Reply
-from chat.tests.test_worker import new_session, start_run
-from hermes_site.testing import read_sse, running_run, wait_until
-from journal import replay
+from hermes_testing.harness import running_run
+from journal import replay, wire
 from journal.heartbeats import worker_beat
 from journal.models import Event, Run, WorkerHeartbeat
-from journal.store import READ_PAGE, append
+from journal.store import READ_PAGE, append, read_after
 
 END = (
     "end",
@@ -66,8 +65,8 @@ It is 42.
 """
 
 
-def scripted_run(user, *, session=None, events=SCRIPT) -> Run:
-    run = running_run(user, session=session)
+def scripted_run(user, *, subject: str = "", events=SCRIPT) -> Run:
+    run = running_run(user, subject=subject)
     append(run_id=run.id, token=1, events=list(events))
     return run
 
@@ -78,7 +77,7 @@ def replay_out(*args) -> str:
     return out.getvalue()
 
 
-def test_replay_run_text_jsonl_and_sse_on_a_real_journal(server, alice):
+def test_replay_run_text_jsonl_and_sse_on_a_real_journal(alice):
     run = scripted_run(alice[0])
     assert replay_out(run.id) == SCRIPT_TEXT
 
@@ -91,13 +90,12 @@ def test_replay_run_text_jsonl_and_sse_on_a_real_journal(server, alice):
         for seq, (kind, data) in enumerate(SCRIPT, start=1)
     ]
 
-    # Byte for byte what the SSE endpoint sends, after its `retry:` line.
+    # The frames of `journal.wire`, which the SSE transports send.
     sse = replay_out(run.id, "--format", "sse")
-    with httpx.Client(timeout=10) as client:
-        body = client.get(
-            f"{server.url}/api/runs/{run.id}/events/", headers=alice[1]
-        ).text
-    assert body == f"retry: 1000\n\n{sse}"
+    assert sse == "".join(
+        wire.sse_frame(run.id, record)
+        for record in read_after(run_id=run.id, after_seq=0)
+    )
 
     after = [
         json.loads(line)["seq"]
@@ -112,8 +110,7 @@ def test_replay_run_text_jsonl_and_sse_on_a_real_journal(server, alice):
 def test_replay_run_refuses_clearly(alice):
     with pytest.raises(CommandError, match="no run run_nope"):
         call_command("replay_run", "run_nope")
-    session = ChatSession.objects.create(owner=alice[0])
-    run = scripted_run(alice[0], session=session)
+    run = scripted_run(alice[0], subject="demo:fox")
     with pytest.raises(CommandError, match="--speed must be a positive number"):
         call_command("replay_run", run.id, "--speed", "0")
     with pytest.raises(CommandError, match="--after-seq must be 0 or more"):
@@ -122,7 +119,7 @@ def test_replay_run_refuses_clearly(alice):
         call_command("replay_run", run.id, "--format", "xml")
     Run.objects.filter(id=run.id).update(pruned_at=timezone.now())
     with pytest.raises(
-        CommandError, match=f"pruned by retention; .* session {session.pk}"
+        CommandError, match=r"\(subject demo:fox\) were pruned by retention"
     ):
         call_command("replay_run", run.id)
 
@@ -197,41 +194,6 @@ def test_replay_run_pages_through_the_journal_in_constant_memory(alice):
     assert large_peak < 1.5 * small_peak, (small_peak, large_peak)
 
 
-TEXT = "Durable streams never lose a word; this one is followed live by replay_run."
-
-
-def test_replay_run_follow_attaches_to_a_live_run_and_returns_at_end(
-    server, alice, fake_llm, live_worker, fast_readers
-):
-    fake_llm.push(Reply(text=TEXT, chunk_chars=3, tokens_per_s=15))  # about 1.7 s
-    session_id = new_session(server, alice[1])
-    run_id = start_run(server, alice[1], session_id, "talk to me")
-    wait_until(lambda: Event.objects.filter(run_id=run_id, type="token").exists())
-    assert Run.objects.get(id=run_id).status == Run.Status.RUNNING  # attaching mid-run
-
-    followed = replay_out(run_id, "--follow")
-
-    run = Run.objects.get(id=run_id)
-    assert run.status == Run.Status.COMPLETED
-    message = Message.objects.get(run_id=run_id, role="assistant")
-    assert followed == (
-        f"[start model=fake-model provider=openai session_id={session_id}]\n"
-        f"{TEXT}\n"
-        # the fake model's default usage frame
-        "[usage input_tokens=12 output_tokens=34 total_tokens=46]\n"
-        f"[end status=completed terminal_state=completed message_id={message.pk}]\n"
-    )
-    assert message.content == TEXT
-    # What followed live is what a replay of the finished run prints.
-    assert replay_out(run_id) == followed
-    followed_jsonl = replay_out(
-        run_id, "--follow", "--format", "jsonl"
-    )  # ended: replay only
-    assert [json.loads(line)["seq"] for line in followed_jsonl.splitlines()] == list(
-        range(1, run.last_seq + 1)
-    )
-
-
 # --- prune_journal ---------------------------------------------------------------
 
 
@@ -245,24 +207,19 @@ def _ended(run: Run, days_ago: float) -> Run:
 @pytest.fixture
 def aged_journal(alice):
     """Two runs ended 40 days ago, one 1 day ago, one still running since long ago."""
-    session = ChatSession.objects.create(owner=alice[0], title="old chat")
-    Message.objects.create(session=session, role="user", content="question")
+    owner, subject = alice[0], "demo:old"
     tokens = [("token", {"text": f"w{i} "}) for i in range(23)]
     old = [
-        _ended(scripted_run(alice[0], session=session, events=[*tokens, END]), 40)
+        _ended(scripted_run(owner, subject=subject, events=[*tokens, END]), 40)
         for _ in range(2)
     ]
-    for run in old:
-        Message.objects.create(
-            session=session, role="assistant", content="answer", run=run
-        )
-    recent = _ended(scripted_run(alice[0], session=session, events=[*tokens, END]), 1)
-    active = running_run(alice[0], session=session)
+    recent = _ended(scripted_run(owner, subject=subject, events=[*tokens, END]), 1)
+    active = running_run(owner, subject=subject)
     append(run_id=active.id, token=1, events=tokens)
     Run.objects.filter(id=active.id).update(
         created_at=timezone.now() - timedelta(days=60)
     )
-    return {"session": session, "old": old, "recent": recent, "active": active}
+    return {"old": old, "recent": recent, "active": active}
 
 
 def _journal_sizes():
@@ -290,9 +247,7 @@ def test_prune_journal_dry_run_changes_nothing(aged_journal):
     assert not Run.objects.filter(pruned_at__isnull=False).exists()
 
 
-def test_prune_journal_for_real_prunes_old_runs_and_readers_get_410(
-    server, alice, aged_journal
-):
+def test_prune_journal_for_real_prunes_old_runs_and_keeps_their_rows(aged_journal):
     old, recent, active = (
         aged_journal["old"],
         aged_journal["recent"],
@@ -324,19 +279,10 @@ def test_prune_journal_for_real_prunes_old_runs_and_readers_get_410(
         run.refresh_from_db()
         assert run.pruned_at is not None and run.last_seq == 24  # the row stays
         assert not Event.objects.filter(run_id=run.id).exists()
-        sse = read_sse(f"{server.url}/api/runs/{run.id}/events/", headers=alice[1])
-        assert sse.status == 410
-        page = httpx.get(
-            f"{server.url}/api/runs/{run.id}/events.json", headers=alice[1]
-        )
-        assert page.status_code == 410 and "pruned" in page.json()["error"]
+        with pytest.raises(CommandError, match="pruned by retention"):
+            call_command("replay_run", run.id)
     assert Event.objects.filter(run_id=recent.id).count() == 24
     assert Event.objects.filter(run_id=active.id).count() == 23  # never cut a live run
-    assert list(aged_journal["session"].messages.values_list("content", flat=True)) == [
-        "question",
-        "answer",
-        "answer",
-    ]
     # A second prune finds nothing left to do.
     out = io.StringIO()
     call_command("prune_journal", "--older-than", "30d", "--for-real", stdout=out)

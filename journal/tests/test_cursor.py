@@ -1,4 +1,4 @@
-from journal.cursor import Cursor, cursor_from_request
+from journal.cursor import Cursor, Outcome, Verdict, cursor_from_request, decide
 
 RUN = "run_01ABC"
 
@@ -42,3 +42,59 @@ def test_unusable_cursors_replay_from_start_and_say_why():
 
 def test_cursor_at_the_last_seq_is_kept():
     assert resolve({"after_seq": "10"}) == Cursor(10)
+
+
+def test_non_ascii_and_huge_digits_replay_from_the_start():
+    """`str.isdigit` accepts these; `int` raises on them (or on > 4,300 digits)."""
+    huge = "9" * 5000
+    for raw in ["²", "①", "٣", "1²", huge, "0" * 4400 + "1"]:
+        for query, header in [
+            ({"after_seq": raw}, None),
+            ({"after_event_id": f"{RUN}:{raw}"}, None),
+            ({}, f"{RUN}:{raw}"),
+        ]:
+            cursor = resolve(query, header)
+            assert cursor == Cursor(0, cursor.unusable_reason), (query, header)
+            assert cursor.unusable_reason
+
+
+# --- the outcome table (docs/architecture.md §5) -----------------------------
+
+
+def outcome(cursor, *, pruned=False, terminal=True, last_seq=10):
+    return decide(pruned=pruned, terminal=terminal, last_seq=last_seq, cursor=cursor)
+
+
+def test_pruned_is_gone_whatever_the_cursor():
+    for cursor in [Cursor(0), Cursor(10), Cursor(0, "malformed event id")]:
+        for terminal in (True, False):
+            assert outcome(cursor, pruned=True, terminal=terminal).verdict is (
+                Verdict.GONE
+            )
+
+
+def test_finished_run_read_to_its_end_is_done():
+    assert outcome(Cursor(10)) == Outcome(Verdict.DONE, 10)
+    assert outcome(Cursor(12)).verdict is Verdict.DONE  # past the end
+    # An empty finished run has nothing for any reader, even one starting over.
+    assert outcome(Cursor(0, "cursor beyond the journal"), last_seq=0).verdict is (
+        Verdict.DONE
+    )
+
+
+def test_a_live_run_streams_even_from_its_last_seq():
+    assert outcome(Cursor(10), terminal=False) == Outcome(Verdict.STREAM, 10)
+
+
+def test_otherwise_stream_from_the_cursor():
+    assert outcome(Cursor(0)) == Outcome(Verdict.STREAM, 0)
+    assert outcome(Cursor(9)) == Outcome(Verdict.STREAM, 9)
+
+
+def test_unusable_cursor_streams_from_zero_with_a_note():
+    cursor = resolve({"after_seq": "99"})
+    assert outcome(cursor) == Outcome(Verdict.STREAM, 0, "cursor beyond the journal")
+    cursor = resolve(header="run_OTHER:3")
+    assert outcome(cursor, terminal=False) == Outcome(
+        Verdict.STREAM, 0, "event id of another run"
+    )

@@ -1,6 +1,6 @@
 import pytest
 
-from hermes_site.testing import running_run
+from hermes_testing.harness import running_run
 from journal.events import InvalidEvent
 from journal.leases import run_claim_next, run_settle
 from journal.models import Event, Run

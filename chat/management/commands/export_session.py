@@ -7,6 +7,7 @@ from django.core.management.base import BaseCommand, CommandError
 
 from chat.models import ChatSession
 from chat.transfer import write_export
+from hermes_site.private_files import create_private
 
 
 class Command(BaseCommand):
@@ -28,7 +29,7 @@ class Command(BaseCommand):
             write_export(session=session, out=self.stdout)  # lines end in \n
             return
         try:
-            with open(output, "x", encoding="utf-8") as out:
+            with create_private(output) as out:  # 0600: a whole conversation
                 count = write_export(session=session, out=out)
         except FileExistsError:
             raise CommandError(f"{output} exists; not overwriting it") from None

@@ -1,4 +1,4 @@
-"""``manage.py fake_llm``: run the loopback OpenAI-compatible test server.
+"""``manage.py fake_llm``: run a loopback model server (``--api`` picks which).
 
 Point Hermes at it with ``OPENAI_BASE_URL=<printed url>`` to demo or benchmark
 streaming without a real model. Runs until Ctrl-C.
@@ -11,12 +11,20 @@ from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from chat.testing.fake_llm import FakeLLM, Reply
+from hermes_testing.fake_anthropic import AnthropicReply, FakeAnthropic
+from hermes_testing.fake_llm import FakeLLM, Reply
+from hermes_testing.fake_responses import FakeResponses, ResponsesReply
 
 DEMO_TEXT = (
     "This is the Hermes fake model. It streams this paragraph at a steady pace "
     "so that you can watch tokens arrive, reload the page, and see nothing lost."
 )
+
+SERVERS: dict[str, tuple[type[FakeLLM], type[Reply]]] = {
+    "openai": (FakeLLM, Reply),
+    "anthropic": (FakeAnthropic, AnthropicReply),
+    "responses": (FakeResponses, ResponsesReply),
+}
 
 
 class Command(BaseCommand):
@@ -31,16 +39,23 @@ class Command(BaseCommand):
         parser.add_argument("--reasoning", default="", help="reasoning sent first")
         parser.add_argument("--model", action="append", dest="models")
         parser.add_argument("--api-key", default=None, help="require this bearer key")
+        parser.add_argument(
+            "--api",
+            choices=sorted(SERVERS),
+            default="openai",
+            help="the API to speak: chat completions, Anthropic Messages, Responses",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         if not 0 <= options["port"] <= 65535:
             raise CommandError("--port must be 0-65535")
         if options["tokens_per_s"] < 0:
             raise CommandError("--tokens-per-s must be >= 0 (0 = unpaced)")
-        fake = FakeLLM(
+        server, reply = SERVERS[options["api"]]
+        fake = server(
             models=options["models"] or ["fake-model"],
             api_key=options["api_key"],
-            default=Reply(
+            default=reply(
                 text=options["text"],
                 reasoning=options["reasoning"],
                 chunk_chars=options["chunk_chars"],

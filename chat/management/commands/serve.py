@@ -9,7 +9,6 @@ import logging
 
 from daphne.server import Server  # first: daphne installs its asyncio reactor
 from django.conf import settings
-from django.contrib.staticfiles.handlers import ASGIStaticFilesHandler
 from django.core.management.base import BaseCommand
 from twisted.internet import defer, reactor
 
@@ -39,20 +38,22 @@ class Command(BaseCommand):
                 return
             loop = asyncio.get_event_loop()
             loop.call_soon(lambda: loop.create_task(worker.start()))
+            # zope.interface methods have no `self`: mypy shifts the arguments.
             reactor.addSystemEventTrigger(
                 "before",
-                "shutdown",
+                "shutdown",  # type: ignore[arg-type]
                 lambda: defer.Deferred.fromFuture(
                     asyncio.ensure_future(worker.stop(SHUTDOWN_GRACE_S))
                 ),
             )
 
         self.stdout.write(
-            f"Hermes at http://{host}:{port}/ (default model: {registry.default_model()}; "
+            f"Hermes at http://{host}:{port}/ "
+            f"(default model: {registry.default_model()}; "
             f"worker: {'in-process' if worker else 'none'})"
         )
         Server(
-            application=ASGIStaticFilesHandler(application),
+            application=application,
             endpoints=[f"tcp:port={port}:interface={host}"],
             ready_callable=ready,
         ).run()

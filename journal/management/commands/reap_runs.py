@@ -1,4 +1,4 @@
-"""`manage.py reap_runs`: settle runs whose worker is gone (interrupted / lost-worker)."""
+"""`manage.py reap_runs`: settle runs whose worker is gone (interrupted/lost-worker)."""
 
 from asgiref.sync import async_to_sync
 from django.core.management.base import BaseCommand
@@ -14,5 +14,8 @@ class Command(BaseCommand):
         settled = reap_lost_runs()
         for run_id, records in settled:
             async_to_sync(publish)(run_id, records)
-            self.stdout.write(f"settled {run_id}: interrupted / lost-worker")
+            if records and records[-1].type == "end":
+                self.stdout.write(f"settled {run_id}: interrupted / lost-worker")
+            else:
+                self.stdout.write(f"queued {run_id} again: another worker re-attaches")
         self.stdout.write(f"{len(settled)} run(s) settled")

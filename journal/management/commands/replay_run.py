@@ -40,7 +40,7 @@ class Command(BaseCommand):
         if speed is not None and not speed > 0:
             raise CommandError("--speed must be a positive number")
         try:
-            replay.replay_target(run_id=run_id)
+            replay.replay_target(run_id=run_id, after_seq=after_seq)
         except replay.ReplayError as exc:
             raise CommandError(str(exc)) from None
         render = replay.renderer(format, run_id)

@@ -1,7 +1,7 @@
 /**
  * The JSON API as the page calls it: same-origin fetch with the session cookie,
  * the CSRF header Django wants on unsafe methods, and errors as `ApiError`s that
- * carry the status and the server's JSON body (DESIGN §5).
+ * carry the status and the server's JSON body (docs/architecture.md §5).
  */
 
 /** The `csrftoken` cookie (Django's default name); empty if absent. */
@@ -25,9 +25,19 @@ export class ApiError extends Error {
   get offline() {
     return this.status === 0;
   }
+
+  /**
+   * The per-user limit a 429 names ("runs_per_minute", "sessions", "streams",
+   * "requests"; docs/security.md, "Limits"), or null for any other error.
+   */
+  get limit() {
+    if (this.status !== 429) return null;
+    return (this.body && this.body.limit) || "requests";
+  }
 }
 
 function describe(status, body) {
+  if (!body && status === 429) return "too many requests; try again in a minute";
   if (!body) return status ? `HTTP ${status}` : "network error";
   if (typeof body.error === "string") return body.error;
   if (typeof body.detail === "string") return body.detail;
@@ -41,9 +51,15 @@ function describe(status, body) {
 /**
  * Call the API and return the parsed JSON (null for an empty answer).
  * @param {string} url
- * @param {{method?: string, body?: object, headers?: object, signal?: AbortSignal}} options
+ * `file` sends a Blob (a file the user picked) as the request body, as it is;
+ * `form` sends a FormData (multipart, its boundary set by the browser).
+ * @param {{method?: string, body?: object, file?: Blob, form?: FormData,
+ *   headers?: object, signal?: AbortSignal}} options
  */
-export async function api(url, { method = "GET", body, headers = {}, signal } = {}) {
+export async function api(
+  url,
+  { method = "GET", body, file, form, headers = {}, signal } = {},
+) {
   const init = {
     method,
     credentials: "same-origin",
@@ -56,6 +72,11 @@ export async function api(url, { method = "GET", body, headers = {}, signal } = 
   if (body !== undefined) {
     init.headers["Content-Type"] = "application/json";
     init.body = JSON.stringify(body);
+  } else if (file !== undefined) {
+    init.headers["Content-Type"] = file.type || "application/octet-stream";
+    init.body = file;
+  } else if (form !== undefined) {
+    init.body = form;
   }
   let response;
   try {
@@ -96,12 +117,24 @@ export const urls = {
   sessions: (query = "") =>
     query ? `/api/sessions/?q=${encodeURIComponent(query)}` : "/api/sessions/",
   session: (id) => `/api/sessions/${id}/`,
+  search: (query) => `/api/search/?q=${encodeURIComponent(query)}`,
   messages: (id) => `/api/sessions/${id}/messages/`,
+  // The active branch only: what the conversation pane draws.
+  activeBranch: (id) => `/api/sessions/${id}/messages/?branch=active`,
+  select: (id, messageId) => `/api/sessions/${id}/messages/${messageId}/select/`,
   runs: (sessionId) => `/api/sessions/${sessionId}/runs/`,
+  // Queue and steer: messages typed while a run streams (chat.pending).
+  pending: (sessionId) => `/api/sessions/${sessionId}/pending/`,
+  pendingOne: (sessionId, id) => `/api/sessions/${sessionId}/pending/${id}/`,
   run: (runId) => `/api/runs/${runId}/`,
   cancel: (runId) => `/api/runs/${runId}/cancel/`,
+  approval: (runId) => `/api/runs/${runId}/approval/`,
   events: (runId) => `/api/runs/${runId}/events/`,
   eventsJson: (runId, afterSeq) => `/api/runs/${runId}/events.json?after_seq=${afterSeq}`,
+  exportAs: (id, kind) => `/api/sessions/${id}/export/?as=${kind}`,
+  importSession: () => "/api/sessions/import/",
   models: () => "/api/models/",
+  attachments: () => "/api/attachments/",
+  attachment: (id) => `/api/attachments/${id}/`,
   notifications: () => "/api/stream/",
 };

@@ -1,6 +1,6 @@
 /**
  * One run's event stream, every journaled event applied exactly once
- * (DESIGN §3 events, §5 cursor rules).
+ * (docs/architecture.md §3 events, §5 cursor rules).
  *
  * 1. Open an EventSource after a cursor: `?after_seq=N` when N > 0, no cursor
  *    when N = 0, so the browser's own reconnects resume by `Last-Event-ID`.
@@ -23,14 +23,17 @@
 import { api, urls } from "./api.js";
 import { sharedStreams } from "./shared-client.js";
 
-/** Journaled event types (DESIGN §3); `error` needs care, see `#onError`. */
+/** Journaled event types (docs/architecture.md §3); `error` needs care, see `#onError`. */
 export const EVENT_TYPES = [
   "start",
   "token",
   "reasoning",
   "tool",
   "tool_complete",
+  "approval_request",
+  "approval",
   "status",
+  "upstream",
   "usage",
   "error",
   "end",
@@ -175,7 +178,7 @@ export class RunStream {
           this.onState(state);
         },
         onClosed: () => {
-          if (watched === this.source && this.active) this.#recover();
+          if (watched === this.source && this.active) this.#recoverAfterClose();
         },
         onFail: () => {
           // The worker is gone: this tab opens its own EventSource from here on.
@@ -195,7 +198,7 @@ export class RunStream {
     }
     if (source !== this.source || !this.active) return;
     if (source.readyState === EventSource.CLOSED) {
-      this.#recover();
+      this.#recoverAfterClose();
     } else {
       this.onState("reconnecting"); // the browser retries after the `retry:` delay
     }
@@ -228,6 +231,19 @@ export class RunStream {
     }
   }
 
+  /**
+   * The stream was refused (a 503 while the database restarts, say): recover at
+   * once the first time, then with back-off until a stream opens again.
+   */
+  #recoverAfterClose() {
+    this.#closeSource();
+    this.onState("reconnecting");
+    const delay = this.failures ? Math.min(RECOVER_MAX_DELAY_MS, 500 * 2 ** this.failures) : 0;
+    this.failures += 1;
+    clearTimeout(this.retryTimer);
+    this.retryTimer = setTimeout(() => this.#recover(), delay);
+  }
+
   /** The browser gave up: ask the run's status and resume from the journal. */
   async #recover() {
     if (this.recovering || !this.active) return;
@@ -239,10 +255,10 @@ export class RunStream {
       const status = await api(urls.run(this.runId));
       if (status.terminal) {
         await this.#drain();
+        this.failures = 0;
       } else {
-        this.#open();
+        this.#open(); // `open` (or the shared stream's "live") resets the failures
       }
-      this.failures = 0;
     } catch (error) {
       if (error.status === 404 || error.status === 410) {
         this.#finish(null); // the run is gone, or only its transcript is left

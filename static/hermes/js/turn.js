@@ -1,16 +1,23 @@
 /**
  * The DOM of one assistant turn (one run): reasoning in a collapsible
  * <details>, text segments rendered as sanitised Markdown, tool cards with
- * arguments and results, status receipts ("Retry attempt: …"), the error with
+ * arguments and results, steers (a person's message sent into the run, drawn
+ * where it landed), status receipts ("Retry attempt: …"), the error with
  * its category, and a footer with the outcome, usage and tokens/s.
  *
- * A turn is drawn either live, event by event, or from the saved messages of
- * its run; both produce the same segments in the same order, so the text a
- * reader saw streaming is the text the saved messages show afterwards.
+ * What the turn shows is the run's fold (`fold.js`): live events, a
+ * snapshot's parts and the saved messages of the run all go through it, and
+ * its parts (text segments, reasoning, tool cards) are drawn in the order it
+ * keeps, which is journal order. So a tool card sits where the model called
+ * it, whether the turn was drawn live, from a snapshot after a reload, or
+ * from the saved messages afterwards.
  * Model output only ever reaches the page through `renderMarkdown` (sanitised)
  * or `textContent`.
  */
+import { api, urls } from "./api.js";
+import { Fold } from "./fold.js";
 import { renderMarkdown } from "./markdown.js";
+import { categoryText, outcomeText, statusText } from "./wording.js";
 
 const RENDER_INTERVAL_MS = 50; // re-render streaming Markdown at most this often
 const HIGHLIGHT_LIVE_CHARS = 20000; // above this, highlight code only when idle
@@ -36,17 +43,16 @@ export class TurnView {
     this.runId = runId;
     this.root = el("article", "msg assistant", "assistant-turn");
     if (runId) this.root.dataset.runId = runId;
-    this.reasoning = null; // {details, body, text}
     this.body = el("div", "turn-body");
     this.receipts = el("ul", "receipts", "status-list");
     this.receipts.hidden = true;
+    this.stepItem = null; // the receipt showing the step in progress
     this.errorBox = el("div", "run-error", "run-error");
     this.errorBox.hidden = true;
     this.meta = el("footer", "run-meta", "run-meta");
     this.root.append(this.body, this.receipts, this.errorBox, this.meta);
-    this.segment = null; // the text segment tokens are appended to
-    this.segments = [];
-    this.cards = new Map(); // tool_call_id -> card parts
+    this.fold = new Fold();
+    this.drawn = new Map(); // part of the fold -> its nodes
     this.renderTimer = null;
     this.dirty = new Set();
     this.decorated = false; // the run's outcome (status, usage, error) is shown
@@ -58,75 +64,169 @@ export class TurnView {
     if (!streaming) this.flush();
   }
 
-  appendText(text) {
-    if (!text) return;
-    if (!this.segment) {
-      const node = el("div", "md", "assistant-text");
-      this.segment = { node, text: "" };
-      this.segments.push(this.segment);
-      this.body.append(node);
-    }
-    this.segment.text += text;
-    this.#schedule(this.segment);
+  /**
+   * Go on from a session snapshot's folded turn: its parts drawn in their
+   * order, its statuses listed; live events after its `last_seq` fold onto it.
+   */
+  drawSnapshot({ parts, statuses, last_seq: lastSeq }) {
+    this.fold = Fold.fromSnapshot({ parts, statuses, lastSeq });
+    for (const part of this.fold.parts) this.#draw(part);
+    for (const message of this.fold.statuses) this.addStatus(message);
   }
 
-  appendReasoning(text) {
-    if (!text) return;
-    if (!this.reasoning) {
+  /** Fold one event and draw the part it created or changed. */
+  apply(type, data, seq = 0) {
+    const part = this.fold.add(type, data, seq);
+    if (part) this.#draw(part);
+    return part;
+  }
+
+  /** The nodes of `part`: made (at the end, where the fold put it) or updated. */
+  #draw(part) {
+    let drawn = this.drawn.get(part);
+    if (!drawn) {
+      drawn = this.#make(part);
+      this.drawn.set(part, drawn);
+      this.body.append(drawn.root);
+    }
+    if (part.kind === "text") {
+      this.#schedule(drawn);
+    } else if (part.kind === "reasoning" || part.kind === "steer") {
+      drawn.body.textContent = part.text;
+    } else {
+      this.#drawTool(part, drawn);
+    }
+  }
+
+  #make(part) {
+    if (part.kind === "text") {
+      const node = el("div", "md", "assistant-text");
+      return { root: node, node, part };
+    }
+    if (part.kind === "steer") {
+      const box = el("div", "steer-part", "steer");
+      const label = el("span", "steer-label");
+      label.textContent = "You steered";
+      const body = el("div", "steer-text", "steer-text"); // the user's words, as text
+      box.append(label, body);
+      return { root: box, body };
+    }
+    if (part.kind === "reasoning") {
       const details = el("details", "reasoning", "reasoning");
       const summary = el("summary");
       summary.textContent = "Reasoning";
       const body = el("div", "reasoning-text", "reasoning-text");
       details.append(summary, body);
-      this.root.prepend(details);
-      this.reasoning = { details, body, text: "" };
+      return { root: details, body };
     }
-    this.reasoning.text += text;
-    this.reasoning.body.textContent = this.reasoning.text;
-  }
-
-  /** A tool call: a card with its arguments; text after it starts a new segment. */
-  addTool({ tool_call_id: id, name, args }) {
-    if (this.cards.has(id)) return;
     const card = el("details", "tool-card", "tool-card");
-    card.dataset.toolCallId = id;
-    card.dataset.state = "running";
+    card.dataset.toolCallId = part.tool_call_id;
     const summary = el("summary", "tool-head");
     const label = el("span", "tool-name", "tool-name");
-    label.textContent = name;
     const state = el("span", "tool-state", "tool-state");
-    state.textContent = "running…";
     summary.append(label, state);
     const argsBox = el("pre", "tool-args", "tool-args");
-    argsBox.textContent = prettyJson(args || "");
     const resultBox = el("pre", "tool-result", "tool-result");
-    resultBox.hidden = true;
-    card.append(summary, argsBox, resultBox);
-    this.body.append(card);
-    this.cards.set(id, { card, state, resultBox });
-    this.segment = null;
+    const approvalBox = el("div", "tool-approval", "tool-approval");
+    approvalBox.hidden = true;
+    card.append(summary, argsBox, approvalBox, resultBox);
+    return { root: card, label, state, argsBox, approvalBox, resultBox };
   }
 
-  completeTool({ tool_call_id: id, name, result, is_error: isError, duration_ms: ms }) {
-    if (!this.cards.has(id)) this.addTool({ tool_call_id: id, name, args: "" });
-    const { card, state, resultBox } = this.cards.get(id);
-    card.dataset.state = isError ? "error" : "done";
-    state.textContent = isError ? "failed" : ms != null ? `done · ${Math.round(ms)} ms` : "done";
-    resultBox.hidden = false;
-    resultBox.textContent = prettyJson(result ?? "");
+  #drawTool(part, { root, label, state, argsBox, approvalBox, resultBox }) {
+    const done = part.result !== null && part.result !== undefined;
+    const ms = part.duration_ms;
+    const approval = part.approval || null;
+    label.textContent = part.name;
+    argsBox.textContent = prettyJson(part.args || "");
+    root.dataset.state = !done ? "running" : part.is_error ? "error" : "done";
+    root.dataset.approval = approval ? approval.state : "";
+    this.#drawApproval(approval, approvalBox, done);
+    if (approval && approval.state === "pending" && !done) {
+      root.open = true; // the arguments are what a person decides on
+      state.textContent = "waiting for approval";
+    } else if (!done) state.textContent = "running…";
+    else if (part.is_error) state.textContent = "failed";
+    else state.textContent = ms != null ? `done · ${Math.round(ms)} ms` : "done";
+    resultBox.hidden = !done;
+    resultBox.textContent = done ? prettyJson(part.result) : "";
   }
 
+  /**
+   * A pending call: a note and three choices, each sent once to the API; the
+   * decision itself is drawn when its journaled `approval` event arrives.
+   * A decided call: what was decided, and the note.
+   */
+  #drawApproval(approval, box, done) {
+    box.hidden = !approval;
+    if (!approval) return;
+    if (approval.state !== "pending") {
+      const line = el("p", "approval-decision", "approval-decision");
+      const said = approval.state === "approve" ? "Approved" : "Denied";
+      line.textContent = approval.note ? `${said}: ${approval.note}` : said;
+      box.replaceChildren(line);
+      return;
+    }
+    if (done || box.dataset.pending === "true") return;
+    box.dataset.pending = "true";
+    const note = el("input", "approval-note", "approval-note");
+    note.type = "text";
+    note.placeholder = "Note (optional)";
+    note.maxLength = 2000;
+    const buttons = [
+      ["approve", "Approve", "primary"],
+      ["always", "Always allow in this chat", ""],
+      ["deny", "Deny", "danger"],
+    ].map(([decision, text, kind]) => {
+      const button = el("button", kind, `approval-${decision}`);
+      button.type = "button";
+      button.textContent = text;
+      button.addEventListener("click", () => this.#decide(decision, note, buttons));
+      return button;
+    });
+    const message = el("p", "approval-error", "approval-error");
+    message.hidden = true;
+    box.replaceChildren(note, ...buttons, message);
+  }
+
+  async #decide(decision, note, buttons) {
+    for (const button of buttons) button.disabled = true;
+    try {
+      await api(urls.approval(this.runId), {
+        method: "POST",
+        body: { decision, note: note.value },
+      });
+    } catch (error) {
+      // 409: decided elsewhere (another tab); its `approval` event redraws this.
+      const message = note.parentNode?.querySelector(".approval-error");
+      if (message && error?.status !== 409) {
+        message.textContent = error?.message || "The decision was not sent.";
+        message.hidden = false;
+        for (const button of buttons) button.disabled = false;
+      }
+    }
+  }
+
+  /** A status receipt; a step's progress ("Step 2 of at most 8") replaces the last one. */
   addStatus(message) {
-    const item = el("li", "receipt", "status");
-    item.textContent = message;
-    this.receipts.append(item);
+    const step = /^Step \d+ of at most \d+$/.test(message);
+    const item = (step && this.stepItem) || el("li", "receipt", "status");
+    item.textContent = statusText(message);
+    item.title = message; // the journal's own words
+    if (step) {
+      item.dataset.kind = "step";
+      this.stepItem = item;
+    }
+    if (item.parentNode !== this.receipts) this.receipts.append(item);
     this.receipts.hidden = false;
   }
 
   /** The run's error, with its category (network, timeout, rate_limit, …). */
   setError({ category, message }) {
     const tag = el("span", "error-category", "error-category");
-    tag.textContent = category || "error";
+    tag.textContent = categoryText(category);
+    tag.title = category || "";
+    this.errorBox.dataset.category = category || "";
     const text = el("span", "error-message", "error-message");
     text.textContent = message || "";
     this.errorBox.replaceChildren(tag, text);
@@ -142,7 +242,7 @@ export class TurnView {
     this.root.dataset.status = status || "";
     const parts = [];
     if (status && status !== "completed") {
-      parts.push(["outcome", terminalState && terminalState !== status ? `${status} (${terminalState})` : status]);
+      parts.push(["outcome", outcomeText(status, terminalState)]);
     }
     if (model) parts.push(["model", model]);
     if (tokensPerS) parts.push(["speed", `${tokensPerS.toFixed(1)} tok/s`]);
@@ -157,6 +257,7 @@ export class TurnView {
       ...parts.map(([key, value]) => {
         const item = el("span", `meta-${key}`, `run-${key}`);
         item.textContent = value;
+        if (key === "outcome") item.title = terminalState || status;
         return item;
       }),
     );
@@ -175,7 +276,7 @@ export class TurnView {
 
   /** The whole text of the turn's segments, as the model wrote it. */
   get text() {
-    return this.segments.map((s) => s.text).join("");
+    return this.fold.text;
   }
 
   /** Render every pending segment now. */
@@ -183,9 +284,9 @@ export class TurnView {
     clearTimeout(this.renderTimer);
     this.renderTimer = null;
     const streaming = this.root.dataset.streaming === "true";
-    for (const segment of this.dirty) {
-      const highlight = !streaming || segment.text.length < HIGHLIGHT_LIVE_CHARS;
-      renderMarkdown(segment.node, segment.text, { highlight });
+    for (const { node, part } of this.dirty) {
+      const highlight = !streaming || part.text.length < HIGHLIGHT_LIVE_CHARS;
+      renderMarkdown(node, part.text, { highlight });
     }
     this.dirty.clear();
   }
@@ -202,25 +303,26 @@ export class TurnView {
 
 /**
  * Draw the saved messages of one run (assistant texts, tool calls, tool
- * results, in order) into `view`.
+ * results, steers, in order) into `view`, through its fold like live events.
  */
 export function fillFromMessages(view, messages) {
   for (const message of messages) {
-    if (message.role === "assistant") {
-      view.appendReasoning(message.reasoning);
-      view.appendText(message.content);
+    if (message.role === "user" && message.steer) {
+      view.apply("steer", { text: message.content });
+    } else if (message.role === "assistant") {
+      view.apply("reasoning", { text: message.reasoning });
+      view.apply("token", { text: message.content });
       for (const call of message.tool_calls || []) {
-        view.addTool({
+        view.apply("tool", {
           tool_call_id: call.id,
           name: call.function?.name ?? call.name ?? "tool",
           args: call.function?.arguments ?? call.arguments ?? "",
         });
       }
     } else if (message.role === "tool") {
-      const card = view.cards.get(message.tool_call_id);
-      view.completeTool({
+      view.apply("tool_complete", {
         tool_call_id: message.tool_call_id,
-        name: card ? card.card.querySelector(".tool-name").textContent : "tool",
+        name: "tool",
         result: message.content,
         is_error: false,
       });
@@ -230,30 +332,10 @@ export function fillFromMessages(view, messages) {
 }
 
 /** Apply one journaled event to a live turn. */
-export function applyEvent(view, type, data) {
-  switch (type) {
-    case "token":
-      view.appendText(data.text);
-      break;
-    case "reasoning":
-      view.appendReasoning(data.text);
-      break;
-    case "tool":
-      view.addTool(data);
-      break;
-    case "tool_complete":
-      view.completeTool(data);
-      break;
-    case "status":
-      view.addStatus(data.message);
-      break;
-    case "error":
-      view.setError(data);
-      break;
-    case "start":
-      if (data.model) view.root.dataset.model = data.model;
-      break;
-    default:
-      break; // usage and end are read by the page controller
-  }
+export function applyEvent(view, type, data, seq = 0) {
+  view.apply(type, data, seq);
+  if (type === "status") view.addStatus(data.message);
+  else if (type === "error") view.setError(data);
+  else if (type === "start" && data.model) view.root.dataset.model = data.model;
+  // usage and end are read by the page controller
 }

@@ -20,6 +20,7 @@ from channels.layers import get_channel_layer
 from django.utils import timezone
 from httpx_sse import EventSource
 from rest_framework.authtoken.models import Token
+from websockets.typing import Origin
 
 from journal.models import Run
 
@@ -48,24 +49,25 @@ class AsgiServer:
         config = uvicorn.Config(
             self.app, lifespan="off", log_level="warning", ws="auto"
         )
-        self._server = uvicorn.Server(config)
+        server = self._server = uvicorn.Server(config)
         started = threading.Event()
 
         def serve() -> None:
-            self.loop = asyncio.new_event_loop()
-            asyncio.set_event_loop(self.loop)
-            self.loop.call_soon(started.set)
-            self.loop.run_until_complete(self._server.serve(sockets=[sock]))
+            loop = self.loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(loop)
+            loop.call_soon(started.set)
+            loop.run_until_complete(server.serve(sockets=[sock]))
 
         self._thread = threading.Thread(target=serve, name="asgi-server", daemon=True)
         self._thread.start()
         started.wait(10)
-        while not self._server.started:
+        while not server.started:
             self.call(asyncio.sleep(0.01))
         return self
 
     def call(self, coro, timeout: float = 30):
         """Run `coro` on the server's event loop and return its result."""
+        assert self.loop is not None, "the server is not started"
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
 
     def stop(self) -> None:
@@ -118,9 +120,12 @@ async def read_ws(
     timeout: float = 20,
 ):
     """Read a run's WebSocket frames until the server closes (or max_events)."""
-    frames = []
+    frames: list = []
     async with websockets.connect(
-        url, additional_headers=headers or {}, origin=origin, open_timeout=timeout
+        url,
+        additional_headers=headers or {},
+        origin=None if origin is None else Origin(origin),
+        open_timeout=timeout,
     ) as ws:
         while max_events is None or len(frames) < max_events:
             try:
@@ -138,11 +143,11 @@ def make_user(django_user_model, name: str):
     return user, {"Authorization": f"Token {Token.objects.create(user=user).key}"}
 
 
-def running_run(owner, *, lease_s: float = 60, session=None) -> Run:
+def running_run(owner, *, lease_s: float = 60, subject: str = "") -> Run:
     """A run as a worker holds it right after claiming: running, token 1."""
     return Run.objects.create(
         owner=owner,
-        session=session,
+        subject=subject,
         status=Run.Status.RUNNING,
         fencing_token=1,
         lease_owner="test-writer",
@@ -151,13 +156,22 @@ def running_run(owner, *, lease_s: float = 60, session=None) -> Run:
     )
 
 
-def wait_until(predicate, timeout: float = 10, interval: float = 0.02):
+def wait_until(predicate, timeout: float = 30, interval: float = 0.02):
     """Wait for a condition another thread or process brings about."""
     deadline = time.monotonic() + timeout
     while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(interval)
+
+
+async def wait_until_async(predicate, timeout: float = 10, interval: float = 0.01):
+    """`wait_until` for a condition other tasks of this event loop bring about."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        await asyncio.sleep(interval)
 
 
 async def group_size(group: str) -> int:
@@ -180,9 +194,8 @@ def subprocess_env(**overrides: str) -> dict:
     if db["ENGINE"].endswith("sqlite3"):
         env["HERMES_SQLITE_PATH"] = str(db["NAME"])
     else:
-        env["DATABASE_URL"] = (
-            f"postgres://{db['USER']}@{db['HOST'] or '127.0.0.1'}:{db['PORT'] or 5432}/{db['NAME']}"
-        )
+        host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
+        env["DATABASE_URL"] = f"postgres://{db['USER']}@{host}:{port}/{db['NAME']}"
     env.update(overrides)
     return env
 
@@ -204,6 +217,7 @@ def spawn(args: list[str], env: dict, ready_text: str, timeout: float = 30):
     )
     deadline = time.monotonic() + timeout
     seen = []
+    assert proc.stdout is not None
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
@@ -214,3 +228,62 @@ def spawn(args: list[str], env: dict, ready_text: str, timeout: float = 30):
             return proc
     proc.kill()
     raise AssertionError(f"child did not start: {''.join(seen)[-2000:]}")
+
+
+def spawn_logged(args: list[str], env: dict, log_path, ready_text: str, timeout=60):
+    """Like `spawn`, with the child's output kept in `log_path` for assertions."""
+    import subprocess
+    import sys
+
+    from django.conf import settings
+
+    out = open(log_path, "w")  # noqa: SIM115  (the child writes to it until it exits)
+    proc = subprocess.Popen(
+        [sys.executable, *args],
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=out,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    wait_until(
+        lambda: ready_text in log_path.read_text() or proc.poll() is not None, timeout
+    )
+    if proc.poll() is not None:
+        raise AssertionError(f"child did not start: {log_path.read_text()[-2000:]}")
+    return proc
+
+
+def daphne_args(port: int) -> list[str]:
+    return [
+        "-m",
+        "daphne",
+        "-b",
+        "127.0.0.1",
+        "-p",
+        str(port),
+        "hermes_site.asgi:application",
+    ]
+
+
+def csp_directives(header: str) -> dict[str, str]:
+    """A Content-Security-Policy header as {directive: sources}: the order of
+    the directives carries no meaning."""
+    parts = (part.strip().partition(" ") for part in header.split(";"))
+    return {name: rest for name, _, rest in parts if name}
+
+
+# The policy every response carries (hermes_site/settings.py), as the tests
+# expect it: nothing inline, nothing from another origin.
+STRICT_CSP = {
+    "default-src": "'self'",
+    "script-src": "'self'",
+    "worker-src": "'self'",
+    "style-src": "'self'",
+    "img-src": "'self' data: blob:",
+    "connect-src": "'self'",
+    "object-src": "'none'",
+    "base-uri": "'none'",
+    "form-action": "'self'",
+    "frame-ancestors": "'none'",
+}

@@ -1,4 +1,5 @@
-"""A real loopback OpenAI-compatible HTTP server with fault injection (DESIGN §8).
+"""A real loopback OpenAI-compatible HTTP server with fault injection.
+See docs/architecture.md §8.
 
 Tests, demos and benchmarks talk to this server over real sockets instead of
 mocking the HTTP client. It is written on raw asyncio streams with a minimal
@@ -21,11 +22,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from chat.testing.fake_wire import (
+from hermes_testing.fake_events import SSE_HEADERS, PeerStream, schedule
+from hermes_testing.fake_wire import (
     Reply,
+    Request,
     completion,
     error_payload,
     plan_stream,
@@ -53,10 +56,22 @@ class RecordedRequest:
     #: When the connection that carried this request ended (either side).
     closed_at: float | None = None
     closed_by: str | None = None  # "client" or "server"
+    method: str = "POST"
+    query: str = ""  # the request target after "?"
 
     @property
     def messages(self) -> list[dict[str, Any]]:
         return self.body.get("messages", [])
+
+
+@dataclass
+class Conn:
+    """One client connection, and the requests it carried (their records are
+    closed with it)."""
+
+    reader: asyncio.StreamReader
+    writer: asyncio.StreamWriter
+    served: list[RecordedRequest] = field(default_factory=list)
 
 
 class FakeLLM:
@@ -77,6 +92,7 @@ class FakeLLM:
         self.api_key = api_key
         self._cond = threading.Condition()
         self._queue: deque[Reply] = deque()
+        self._routes: dict[str, deque[Reply]] = {}
         self._initial_default = default or Reply(text="Hello from the fake model.")
         self._default = self._initial_default
         self._records: list[RecordedRequest] = []
@@ -85,6 +101,11 @@ class FakeLLM:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._main: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[Any]] = set()
+        # Fault switch for `GET /v1/models`: None serves the list; a status
+        # (e.g. 503) answers that error instead. `models_requests` counts GETs.
+        self.models_fault: int | None = None
+        self.models_delay_s = 0.0  # and a pause before answering it
+        self.models_requests = 0
 
     # --- scripting and records (any thread) --------------------------------
     @property
@@ -102,12 +123,24 @@ class FakeLLM:
         with self._cond:
             self._queue.extend(replies)
 
+    def route(self, user_text: str, *replies: Reply) -> None:
+        """Queue replies for POSTs whose last user message is exactly ``user_text``.
+
+        Routed replies go before the shared queue, so concurrent runs each get
+        their own script whatever order their requests arrive in.
+        """
+        with self._cond:
+            self._routes.setdefault(user_text, deque()).extend(replies)
+
     def reset(self) -> None:
         """Forget queued replies and recorded requests; restore the default."""
         with self._cond:
             self._queue.clear()
+            self._routes.clear()
             self._records.clear()
             self._default = self._initial_default
+            self.models_fault = None
+            self.models_delay_s = 0.0
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -242,7 +275,7 @@ class FakeLLM:
         task = asyncio.current_task()
         assert task is not None
         self._conns.add(task)
-        served: list[RecordedRequest] = []
+        conn = Conn(reader, writer)
         closed_by = "server"
         try:
             while True:
@@ -250,9 +283,7 @@ class FakeLLM:
                 if request is None:
                     closed_by = "client"
                     break
-                keep_alive, client_closed = await self._dispatch(
-                    request, reader, writer, served
-                )
+                keep_alive, client_closed = await self._dispatch(request, conn)
                 if client_closed:
                     closed_by = "client"
                 if not keep_alive:
@@ -262,31 +293,36 @@ class FakeLLM:
         finally:
             self._conns.discard(task)
             now = time.monotonic()
-            for rec in served:
+            for rec in conn.served:
                 if rec.closed_at is None:
                     self._update(rec, closed_at=now, closed_by=closed_by)
             writer.close()
             with contextlib.suppress(Exception):
                 await writer.wait_closed()
 
-    async def _dispatch(
-        self,
-        request: tuple[str, str, dict[str, str], bytes],
-        reader: asyncio.StreamReader,
-        writer: asyncio.StreamWriter,
-        served: list[RecordedRequest],
-    ) -> tuple[bool, bool]:
+    def _bearer_ok(self, request: Request) -> bool:
+        """Whether the request carries the key (any will do without one)."""
+        given = request.headers.get("authorization")
+        return not self.api_key or given == f"Bearer {self.api_key}"
+
+    async def _dispatch(self, request: Request, conn: Conn) -> tuple[bool, bool]:
         """Answer one request; returns (keep the connection, client closed it)."""
-        method, path, headers, raw = request
-        authorised = not self.api_key or (
-            headers.get("authorization") == f"Bearer {self.api_key}"
-        )
-        route = path.rstrip("/")
+        method, path, route = request.method, request.path, request.route
+        authorised, writer = self._bearer_ok(request), conn.writer
         if method == "POST" and route == "/v1/chat/completions":
-            rec, reply = self._record(path, headers, raw, authorised)
-            served.append(rec)
-            return await self._chat(rec, reply, authorised, reader, writer)
-        if route == "/v1/models" and method == "GET" and authorised:
+            rec, reply = self._record(request, authorised, conn)
+            return await self._chat(rec, reply, authorised, conn.reader, writer)
+        if route == "/v1/models" and method == "GET":
+            self.models_requests += 1
+            if self.models_delay_s:
+                await asyncio.sleep(self.models_delay_s)
+        if route == "/v1/models" and method == "GET" and self.models_fault:
+            await self._send_json(
+                writer,
+                self.models_fault,
+                error_payload("model listing unavailable", self.models_fault),
+            )
+        elif route == "/v1/models" and method == "GET" and authorised:
             models = [
                 {"id": m, "object": "model", "created": 0, "owned_by": "fake"}
                 for m in self.models
@@ -304,22 +340,47 @@ class FakeLLM:
         return True, False
 
     def _record(
-        self, path: str, headers: dict[str, str], raw: bytes, authorised: bool
+        self, request: Request, authorised: bool, conn: Conn
     ) -> tuple[RecordedRequest, Reply | None]:
         """Record a POST and take its scripted reply (none if refused)."""
+        raw = request.body
         try:
             body = json.loads(raw or b"{}")
         except ValueError:
             body = {"_unparsed": raw.decode("utf-8", "replace")}
         with self._cond:
+            rec = self._note(request, conn, body)
+            if not authorised or "_unparsed" in body:
+                return rec, None
+            key = self._route_key(body)
+            routed = self._routes.get(key) if key is not None else None
+            if routed:
+                return rec, routed.popleft()
+            return rec, self._queue.popleft() if self._queue else self._default
+
+    def _note(
+        self, request: Request, conn: Conn, body: dict[str, Any] | None = None
+    ) -> RecordedRequest:
+        """Record a request as it arrives (the one place records are made),
+        as one its connection served."""
+        with self._cond:
             rec = RecordedRequest(
-                len(self._records), path, headers, body, time.monotonic()
+                len(self._records),
+                request.path,
+                request.headers,
+                {} if body is None else body,
+                time.monotonic(),
+                method=request.method,
+                query=request.query,
             )
             self._records.append(rec)
             self._cond.notify_all()
-            if not authorised or "_unparsed" in body:
-                return rec, None
-            return rec, self._queue.popleft() if self._queue else self._default
+        conn.served.append(rec)
+        return rec
+
+    def _route_key(self, body: dict[str, Any]) -> str | None:
+        """The text that picks a routed reply: the last user message's."""
+        return _last_user_text(body.get("messages"))
 
     async def _chat(
         self,
@@ -359,9 +420,14 @@ class FakeLLM:
         rec: RecordedRequest,
         status: int,
         message: str,
-        code: str,
+        code: str | None = None,
     ) -> None:
-        await self._send_json(writer, status, error_payload(message, code), rec)
+        body = self._error_body(status, message, code)
+        await self._send_json(writer, status, body, rec)
+
+    def _error_body(self, status: int, message: str, code: str | None) -> dict:
+        """An error in this API's shape (``code`` defaults to the status)."""
+        return error_payload(message, status if code is None else code)
 
     async def _send_json(
         self,
@@ -381,7 +447,25 @@ class FakeLLM:
         await writer.drain()
 
 
-class _StreamWriter:
+def _last_user_text(messages: Any) -> str | None:
+    """The last user message's text (a string, or the text of content blocks)."""
+    if not isinstance(messages, list):
+        return None
+    for message in reversed(messages):
+        if isinstance(message, dict) and message.get("role") == "user":
+            content = message.get("content")
+            if isinstance(content, list):
+                texts = [
+                    b.get("text") or ""
+                    for b in content
+                    if isinstance(b, dict) and b.get("type") in ("text", "input_text")
+                ]
+                return "".join(texts) if texts else None
+            return content if isinstance(content, str) else None
+    return None
+
+
+class _StreamWriter(PeerStream):
     """Streams one scripted reply as SSE, injecting its fault, watching for EOF."""
 
     def __init__(
@@ -392,42 +476,29 @@ class _StreamWriter:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        self.fake, self.rec, self.reply = fake, rec, reply
-        self.reader, self.writer = reader, writer
-        self.peer_closed = asyncio.Event()
+        super().__init__(fake, rec, reader, writer)
+        self.reply = reply
 
     async def run(self) -> bool:
         """Send the reply; returns whether the client closed the connection."""
-        reply = self.reply
-        frames, length = plan_stream(reply, self.rec.body)
-        headers = {
-            "Content-Type": "text/event-stream",
-            "Cache-Control": "no-cache",
-            "Content-Length": str(length),
-            "Connection": "close",
-        }
-        watcher = asyncio.create_task(self._watch_eof())
-        self.fake._update(self.rec, status=200)
-        try:
-            await self._send(response_head(200, headers), frames)
-            if reply.stall_after_chars is not None and not self.peer_closed.is_set():
-                self.fake._update(self.rec, stall_at=time.monotonic())
-                await self.peer_closed.wait()
-        except ConnectionError:
-            self._peer_gone()
-        finally:
-            watcher.cancel()
-        return self.peer_closed.is_set()
+        frames, length = self.plan()
+        head = response_head(200, {**SSE_HEADERS, "Content-Length": str(length)})
+        return await self.stream(head, lambda: self._send(frames))
 
-    async def _send(self, head: bytes, frames: list[bytes]) -> None:
-        self.writer.write(head)
-        interval = 1 / self.reply.tokens_per_s if self.reply.tokens_per_s else 0.0
-        next_at = time.monotonic()
-        for frame in frames:
-            if interval and frame.startswith(b"data: {"):
-                next_at += interval
-                # A plain sleep: the EOF watcher records a close on its own.
-                await asyncio.sleep(max(0.0, next_at - time.monotonic()))
+    def plan(self) -> tuple[list[bytes], int]:
+        """The frames to send and the Content-Length to declare."""
+        return plan_stream(self.reply, self.rec.body)
+
+    def paced(self, frame: bytes) -> bool:
+        """Whether ``frame`` waits its turn at ``tokens_per_s`` (a chunk frame)."""
+        return frame.startswith(b"data: {")
+
+    async def _send(self, frames: list[bytes]) -> None:
+        due = schedule(
+            map(self.paced, frames), self.reply.tokens_per_s, time.monotonic()
+        )
+        for frame, at in zip(frames, due, strict=True):
+            await self.until_due(at)
             if self.peer_closed.is_set():
                 return
             # Set before the write, so a client that read the frame finds it.
@@ -435,19 +506,8 @@ class _StreamWriter:
             self.sending(frame)
             self.writer.write(frame)
             await self.writer.drain()
+        if self.reply.stall_after_chars is not None:
+            await self.stall()
 
     def sending(self, frame: bytes) -> None:
         """Called just before each frame is written (benchmarks time frames here)."""
-
-    async def _watch_eof(self) -> None:
-        # HTTP/1.1 clients send nothing while a response is streaming, so the
-        # only thing a read can return here is EOF: the client closed.
-        with contextlib.suppress(ConnectionError):
-            while await self.reader.read(4096):
-                pass
-        self._peer_gone()
-
-    def _peer_gone(self) -> None:
-        if not self.peer_closed.is_set():
-            self.peer_closed.set()
-            self.fake._update(self.rec, closed_at=time.monotonic(), closed_by="client")

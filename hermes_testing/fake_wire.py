@@ -13,6 +13,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hermes_testing.fake_events import fault_of, planned, visible_prefix
+
 MAX_HEADER_BYTES = 64 * 1024  # more than any client of ours sends; bounds a bad peer
 MAX_BODY_BYTES = 32 * 2**20  # long conversations, not unbounded ones
 MALFORMED_FRAME = b"data: {not json\n\n"
@@ -134,19 +136,7 @@ class Renderer:
 
 def cut_frames(pieces: list[Piece], limit: int, render: Renderer) -> list[bytes]:
     """Render frames until ``limit`` visible chars were sent (split to land exactly)."""
-    frames, sent = [], 0
-    for piece in pieces:
-        if piece.terminal:
-            break  # a faulty stream never reports how it finished
-        if piece.text:
-            if sent >= limit:
-                break
-            if sent + len(piece.text) > limit:
-                frames.append(render(piece, piece.text[: limit - sent]))
-                break
-            sent += len(piece.text)
-        frames.append(render(piece))
-    return frames
+    return [render(piece, text) for piece, text in visible_prefix(pieces, limit)]
 
 
 def frame(data: dict[str, Any]) -> bytes:
@@ -210,9 +200,30 @@ def response_head(status: int, headers: dict[str, str]) -> bytes:
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-async def read_request(
-    reader: asyncio.StreamReader,
-) -> tuple[str, str, dict[str, str], bytes] | None:
+@dataclass(frozen=True)
+class Request:
+    """One HTTP request as read; ``target`` keeps its query."""
+
+    method: str
+    target: str
+    headers: dict[str, str]  # lower-cased names
+    body: bytes
+
+    @property
+    def path(self) -> str:
+        return self.target.partition("?")[0]
+
+    @property
+    def query(self) -> str:
+        return self.target.partition("?")[2]
+
+    @property
+    def route(self) -> str:
+        """The path without a trailing slash, as the fakes match it."""
+        return self.path.rstrip("/")
+
+
+async def read_request(reader: asyncio.StreamReader) -> Request | None:
     """Read one request; ``None`` on a clean EOF between requests."""
     try:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -235,30 +246,19 @@ async def read_request(
     if length > MAX_BODY_BYTES:
         raise ValueError("request body too large")
     body = await reader.readexactly(length) if length else b""
-    return method, target.split("?", 1)[0], headers, body
+    return Request(method, target, headers, body)
 
 
 def plan_stream(reply: Reply, body: dict[str, Any]) -> tuple[list[bytes], int]:
-    """The SSE frames to send for ``reply`` and the Content-Length to declare.
-
-    A cut or a stall declares the length of the whole reply and never meets
-    it; a malformed reply declares exactly what it sends (only the chunk is
-    broken, not the HTTP body).
-    """
+    """The SSE frames to send for ``reply`` and the Content-Length to declare
+    (``fake_events.planned``: a malformed reply declares what it sends, a cut
+    or a stall the whole reply)."""
     render = Renderer(body)
     pieces = [p for p in build_pieces(reply) if render.wanted(p)]
-    done = b"data: [DONE]\n\n"
-    full = b"".join(map(render, pieces)) + done
-    limits = (
-        reply.cut_after_chars,
-        reply.stall_after_chars,
-        reply.malformed_after_chars,
+    full = [*map(render, pieces), b"data: [DONE]\n\n"]
+    return planned(
+        full,
+        fault_of(reply),
+        lambda limit: cut_frames(pieces, limit, render),
+        {"malformed": MALFORMED_FRAME},
     )
-    limit = next((x for x in limits if x is not None), None)
-    if limit is None:
-        return [*map(render, pieces), done], len(full)
-    frames = cut_frames(pieces, limit, render)
-    if reply.malformed_after_chars is not None:
-        frames.append(MALFORMED_FRAME)
-        return frames, sum(map(len, frames))
-    return frames, len(full)

@@ -1,0 +1,210 @@
+"""Per-user limits: one user cannot starve the others (docs/security.md, "Limits").
+
+Each limit is a setting in ``settings.HERMES`` (``HERMES_*`` in the
+environment). Over a limit the API answers 429 with ``Retry-After`` and a JSON
+body naming it: ``{"error": ..., "limit": ..., "retry_after": s}``.
+
+- ``requests``: a DRF throttle per signed-in user, counted in the default
+  cache. (Every API endpoint needs login, and DRF checks permissions before
+  throttles, so requests without a user never get this far; login attempts
+  have their own protection.)
+- ``runs_per_minute``: runs a user started in the last 60 s, counted in the
+  database, so every web process sees the same count.
+- ``sessions``: sessions a user owns, counted in the database.
+- ``streams``: open SSE and WebSocket streams of a user, counted in this web
+  process (a stream lives in one process; a count there needs no shared state
+  that a crashed process could leave behind). Behind K processes a user may
+  hold K times the limit. A WebSocket over it is closed with code 4429.
+- Concurrent runs are not refused: the worker's fair claim
+  (``journal.leases.run_claim_next``) leaves a user's extra runs queued while
+  other users' runs go first.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.utils import timezone
+from rest_framework.exceptions import Throttled
+from rest_framework.throttling import UserRateThrottle
+
+from journal.models import Run
+
+from .models import ChatSession
+
+CLOSE_TOO_MANY_STREAMS = 4429  # the 4000 range mirrors HTTP statuses (4429: 429)
+STREAM_RETRY_AFTER_S = 5  # a slot frees when one of the user's streams closes
+SESSIONS_RETRY_AFTER_S = 60  # a slot frees only when the user deletes a session
+RUN_WINDOW_S = 60
+
+
+def _limit(name: str) -> Any:
+    return settings.HERMES[name]
+
+
+class LimitExceeded(Throttled):
+    """A per-user limit: 429, ``Retry-After``, and the limit's name in the body."""
+
+    def __init__(self, limit: str, message: str, retry_after: float):
+        super().__init__(wait=max(1, math.ceil(retry_after)), detail=message)
+        self.limit = limit
+
+
+def throttled_body(exc: Throttled) -> dict[str, Any]:
+    """The JSON body of a 429, for the API's exception handler."""
+    seconds = getattr(exc, "wait", None)  # set by Throttled, unknown to the stubs
+    wait = math.ceil(seconds) if seconds is not None else None
+    if isinstance(exc, LimitExceeded):
+        return {"error": str(exc.detail), "limit": exc.limit, "retry_after": wait}
+    rate = _limit("USER_REQUEST_RATE")
+    return {
+        "error": f"too many requests (limit {rate}); retry in {wait} s",
+        "limit": "requests",
+        "retry_after": wait,
+    }
+
+
+class UserRequestThrottle(UserRateThrottle):
+    """Requests per signed-in user: ``HERMES_USER_REQUEST_RATE``."""
+
+    def get_rate(self) -> str:
+        return _limit("USER_REQUEST_RATE")
+
+
+def check_run_rate(*, user) -> None:
+    """Raise ``LimitExceeded`` if ``user`` started too many runs in the last minute."""
+    limit = _limit("USER_RUNS_PER_MINUTE")
+    since = timezone.now() - timedelta(seconds=RUN_WINDOW_S)
+    recent = Run.objects.filter(owner=user, created_at__gte=since)
+    started = list(
+        recent.order_by("-created_at").values_list("created_at", flat=True)[:limit]
+    )
+    if len(started) < limit:
+        return
+    # The oldest of the last `limit` runs leaves the window first.
+    wait = (started[-1] - since).total_seconds()
+    raise LimitExceeded(
+        "runs_per_minute",
+        f"you started {limit} runs in the last minute, the most allowed; "
+        f"retry in {math.ceil(wait)} s",
+        wait,
+    )
+
+
+def check_session_count(*, user) -> None:
+    """Raise ``LimitExceeded`` if ``user`` already owns the most sessions allowed."""
+    limit = _limit("USER_MAX_SESSIONS")
+    if ChatSession.objects.filter(owner=user).count() >= limit:
+        raise LimitExceeded(
+            "sessions",
+            f"you have {limit} sessions, the most allowed; delete some to start "
+            "another",
+            SESSIONS_RETRY_AFTER_S,
+        )
+
+
+# --- open streams ---------------------------------------------------------------
+
+_open_streams: dict[int, int] = {}
+_streams_lock = threading.Lock()
+
+
+class StreamSlot:
+    """One of a user's open streams in this process; ``release`` is idempotent."""
+
+    def __init__(self, user_id: int):
+        self.user_id = user_id
+        self._held = True
+
+    def release(self) -> None:
+        with _streams_lock:
+            if not self._held:
+                return
+            self._held = False
+            left = _open_streams.get(self.user_id, 1) - 1
+            if left > 0:
+                _open_streams[self.user_id] = left
+            else:
+                _open_streams.pop(self.user_id, None)
+
+
+def stream_slot_acquire(user_id: int) -> StreamSlot | None:
+    """A stream slot for ``user_id``, or None when the user holds the limit."""
+    with _streams_lock:
+        held = _open_streams.get(user_id, 0)
+        if held >= _limit("USER_MAX_STREAMS"):
+            return None
+        _open_streams[user_id] = held + 1
+    return StreamSlot(user_id)
+
+
+def open_streams(user_id: int) -> int:
+    with _streams_lock:
+        return _open_streams.get(user_id, 0)
+
+
+def _streams_message() -> str:
+    return (
+        f"too many open streams (limit {_limit('USER_MAX_STREAMS')}); "
+        "close another tab or stream first"
+    )
+
+
+class _Held:
+    """The response body, holding the slot until it ends, however it ends:
+    exhausted or cancelled (``__anext__``), closed by Django (``close``), or
+    never iterated at all (the finalizer)."""
+
+    def __init__(self, inner: AsyncIterator, slot: StreamSlot):
+        self._inner, self._slot = inner, slot
+        weakref.finalize(self, slot.release)
+
+    def __aiter__(self) -> _Held:
+        return self
+
+    async def __anext__(self) -> Any:
+        try:
+            return await anext(self._inner)
+        except BaseException:
+            self._slot.release()
+            raise
+
+    def close(self) -> None:
+        self._slot.release()
+
+
+def hold_stream_slot(user_id: int, response: StreamingHttpResponse) -> HttpResponseBase:
+    """For an SSE view: ``response`` holding one of the user's stream slots for
+    as long as it streams, or a 429 if the user has none left."""
+    slot = stream_slot_acquire(user_id)
+    if slot is None:
+        refusal = JsonResponse(
+            {
+                "error": _streams_message(),
+                "limit": "streams",
+                "retry_after": STREAM_RETRY_AFTER_S,
+            },
+            status=429,
+        )
+        refusal["Retry-After"] = str(STREAM_RETRY_AFTER_S)
+        return refusal
+    body = response.streaming_content
+    assert isinstance(body, AsyncIterator), "stream views are async"
+    response.streaming_content = _Held(body, slot)
+    return response
+
+
+async def hold_ws_slot(consumer, user_id: int) -> StreamSlot | None:
+    """For an accepted WebSocket: a stream slot, or None after closing the
+    socket with ``CLOSE_TOO_MANY_STREAMS``. Release it in ``disconnect``."""
+    slot = stream_slot_acquire(user_id)
+    if slot is None:
+        await consumer.close(code=CLOSE_TOO_MANY_STREAMS, reason=_streams_message())
+    return slot

@@ -1,0 +1,292 @@
+"""Tool approval gates end to end (chat.approvals, journal.waits): a run over
+the loopback model calls a tool whose policy is `ask`, waits released from
+its worker, and a decision from the API resumes it; the journal is the judge.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import signal
+from datetime import timedelta
+
+import httpx
+import pytest
+from django.core.management import call_command
+from django.urls import reverse
+from django.utils import timezone
+
+from chat import approvals
+from chat.models import ChatSession, Message
+from chat.providers import registry
+from hermes_testing.api import (
+    CALCULATOR_STEP,
+    decide,
+    event_types,
+    start_run,
+    stream,
+    waiting_at_tool,
+)
+from hermes_testing.fake_llm import Reply
+from hermes_testing.harness import spawn, subprocess_env, wait_until
+from hermes_testing.turns import running_turn
+from journal.leases import Claim
+from journal.models import Event, Run
+from journal.waits import run_wait
+
+
+def _waiting(run_id: str) -> bool:
+    return Run.objects.filter(id=run_id, status=Run.Status.WAITING).exists()
+
+
+def _start_waiting(server, alice, fake_llm, answer: str = "It is 42.") -> str:
+    _, run_id = waiting_at_tool(server, alice[1], fake_llm, Reply(text=answer))
+    return run_id
+
+
+def _one(events: list, kind: str) -> dict:
+    (data,) = [data for _, k, data in events if k == kind]
+    return data
+
+
+def _ids_in_order(events: list) -> None:
+    seqs = [int(event_id.rsplit(":", 1)[1]) for event_id, _, _ in events]
+    assert seqs == list(range(1, len(seqs) + 1))
+
+
+def test_approve_runs_the_tool_and_the_answer_goes_on(
+    server, alice, fake_llm, live_worker, asking
+):
+    run_id = _start_waiting(server, alice, fake_llm)
+    # Released: no worker slot, no provider connection while it waits.
+    wait_until(lambda: run_id not in live_worker.held, timeout=10)
+    assert registry.active_requests() == 0
+    assert fake_llm.post_count == 1
+    status = httpx.get(f"{server.url}/api/runs/{run_id}/", headers=alice[1]).json()
+    assert status["status"] == "waiting" and not status["terminal"]
+    pending = status["pending_approval"]
+    assert (pending["tool_call_id"], pending["name"]) == ("call_1", "calculator")
+    assert pending["args"] == '{"expression": "6*7"}' and pending["expires_at"]
+
+    decided = decide(server, alice[1], run_id, decision="approve")
+    assert decided.status_code == 202, decided.text
+    assert decided.json()["decision"] == "approve"
+    events = stream(server, alice[1], run_id)
+    _ids_in_order(events)
+    assert event_types(events) == [
+        "start",
+        "tool",
+        "approval_request",
+        "approval",
+        "tool_complete",
+        "token",
+        "end",
+    ]
+    done = _one(events, "tool_complete")
+    assert (done["result"], done["is_error"]) == ("42", False)
+    assert events[-1][2]["status"] == "completed"
+    assert _one(events, "token")["text"] == "It is 42."
+    second = fake_llm.requests[1].messages
+    assert second[-1] == {"role": "tool", "tool_call_id": "call_1", "content": "42"}
+    # A second decision finds nothing waiting.
+    again = decide(server, alice[1], run_id, decision="deny")
+    assert again.status_code == 409
+
+
+def test_deny_answers_the_model_the_denial_with_the_note(
+    server, alice, fake_llm, live_worker, asking
+):
+    run_id = _start_waiting(server, alice, fake_llm, answer="Fine, no maths.")
+    decided = decide(server, alice[1], run_id, decision="deny", note="not today")
+    assert decided.status_code == 202, decided.text
+    events = stream(server, alice[1], run_id)
+    (done,) = [data for _, kind, data in events if kind == "tool_complete"]
+    assert done["is_error"] is True
+    assert "a person denied this call of calculator" in done["result"]
+    assert "not today" in done["result"]
+    (decision,) = [data for _, kind, data in events if kind == "approval"]
+    assert (decision["decision"], decision["note"]) == ("deny", "not today")
+    sent = fake_llm.requests[1].messages[-1]
+    assert sent["role"] == "tool" and sent["content"] == done["result"]
+    assert events[-1][2]["status"] == "completed"
+
+
+def test_another_user_cannot_see_or_decide(
+    server, alice, bob, fake_llm, live_worker, asking
+):
+    run_id = _start_waiting(server, alice, fake_llm)
+    assert decide(server, bob[1], run_id, decision="approve").status_code == 404
+    status = httpx.get(f"{server.url}/api/runs/{run_id}/", headers=bob[1])
+    assert status.status_code == 404
+    assert _waiting(run_id)
+    assert not Event.objects.filter(run_id=run_id, type="approval").exists()
+    bad = decide(server, alice[1], run_id, decision="maybe")
+    assert bad.status_code == 400 and "decision" in bad.json()["error"]
+    assert _waiting(run_id)
+
+
+def test_a_waiting_run_times_out_with_a_clear_end(
+    server, alice, fake_llm, live_worker, asking, settings
+):
+    settings.HERMES = {**settings.HERMES, "APPROVAL_TIMEOUT_S": 1.0}
+    run_id = _start_waiting(server, alice, fake_llm)
+    events = stream(server, alice[1], run_id)
+    end = events[-1][2]
+    assert (end["status"], end["terminal_state"]) == ("failed", "approval-timeout")
+    assert end["error"]["category"] == "approval-timeout"
+    assert event_types(events)[-3:] == ["approval_request", "error", "end"]
+    assert decide(server, alice[1], run_id, decision="approve").status_code == 409
+    assert fake_llm.post_count == 1
+
+
+def test_always_allow_is_kept_on_the_session(
+    server, alice, fake_llm, live_worker, asking
+):
+    run_id = _start_waiting(server, alice, fake_llm)
+    assert decide(server, alice[1], run_id, decision="always").status_code == 202
+    events = stream(server, alice[1], run_id)
+    assert events[-1][2]["status"] == "completed"
+    session = ChatSession.objects.get(turns__run_id=run_id)
+    assert session.always_allowed_tools == ["calculator"]
+    # The next run of the session calls it without asking.
+    fake_llm.push(CALCULATOR_STEP, Reply(text="Again 42."))
+    nxt = start_run(server, alice[1], session.pk, "and again?")
+    events = stream(server, alice[1], nxt)
+    assert "approval_request" not in event_types(events)
+    (done,) = [data for _, kind, data in events if kind == "tool_complete"]
+    assert done["result"] == "42" and events[-1][2]["status"] == "completed"
+
+
+def test_cancel_ends_a_waiting_run(server, alice, fake_llm, live_worker, asking):
+    run_id = _start_waiting(server, alice, fake_llm)
+    cancel = httpx.post(f"{server.url}/api/runs/{run_id}/cancel/", headers=alice[1])
+    assert cancel.status_code == 202
+    events = stream(server, alice[1], run_id)
+    end = events[-1][2]
+    assert (end["status"], end["terminal_state"]) == ("cancelled", "cancelled-by-user")
+
+
+def test_replay_run_shows_the_pending_request(
+    server, alice, fake_llm, live_worker, asking
+):
+    run_id = _start_waiting(server, alice, fake_llm)
+    out = io.StringIO()
+    call_command("replay_run", run_id, "--format", "jsonl", stdout=out)
+    lines = [json.loads(line) for line in out.getvalue().splitlines() if line]
+    assert [line["event"] for line in lines] == ["start", "tool", "approval_request"]
+    assert lines[-1]["data"]["name"] == "calculator"
+
+
+def test_a_worker_killed_while_the_run_waits_does_not_matter(
+    server, alice, fake_llm, asking
+):
+    """The run waits in the database: the worker that asked is SIGKILLed, and
+    the decision resumes the turn on a new worker process."""
+    env = subprocess_env(
+        OPENAI_BASE_URL=fake_llm.base_url,
+        HERMES_DEFAULT_MODEL="fake-model",
+        HERMES_LEASE_S="1.5",
+        HERMES_HEARTBEAT_S="0.3",
+        HERMES_TOOL_APPROVAL=json.dumps({"calculator": "ask"}),
+    )
+    args = ["manage.py", "worker", "--concurrency", "2"]
+    first = spawn(args, env, "running")
+    try:
+        run_id = _start_waiting(server, alice, fake_llm)
+        first.send_signal(signal.SIGKILL)
+        first.wait(10)
+    finally:
+        first.kill()
+    assert _waiting(run_id)
+    assert decide(server, alice[1], run_id, decision="approve").status_code == 202
+    second = spawn(args, env, "running")
+    try:
+        events = stream(server, alice[1], run_id, timeout=60)
+    finally:
+        second.kill()
+        second.wait(10)
+    assert event_types(events) == [
+        "start",
+        "tool",
+        "approval_request",
+        "approval",
+        "tool_complete",
+        "token",
+        "end",
+    ]
+    assert events[-1][2]["status"] == "completed"
+    kept = (
+        Message.objects.filter(run_id=run_id)
+        .exclude(role="user")
+        .values_list("role", "content")
+    )
+    assert list(kept) == [("assistant", ""), ("tool", "42"), ("assistant", "It is 42.")]
+
+
+def _waiting_turn(owner) -> Run:
+    """A chat run whose worker released it waiting on a calculator call."""
+    session = ChatSession.objects.create(owner=owner)
+    run = running_turn(owner, session=session)
+    call = {"tool_call_id": "call_9", "name": "calculator", "args": "{}"}
+    run_wait(
+        claim=Claim(run.id, 1),
+        events=[("start", {}), ("tool", call), ("approval_request", call)],
+        until=timezone.now() + timedelta(hours=1),
+    )
+    return run
+
+
+@pytest.mark.parametrize(
+    ("action", "decision"), [("approve_pending", "approve"), ("deny_pending", "deny")]
+)
+def test_the_admin_decides_a_waiting_run(client, root, alice, action, decision):
+    run = _waiting_turn(alice[0])
+    page = client.get(reverse("admin:journal_run_change", args=[run.id]))
+    shown = page.content.decode()
+    assert "Pending approval" in shown
+    assert "&quot;tool_call_id&quot;: &quot;call_9&quot;" in shown
+    other = running_turn(alice[0], session=ChatSession.objects.create(owner=alice[0]))
+    client.post(
+        reverse("admin:journal_run_changelist"),
+        {"action": action, "_selected_action": [run.id, other.id]},
+    )
+    run.refresh_from_db()
+    assert run.status == Run.Status.QUEUED and run.wait_expires_at is None
+    (payload,) = Event.objects.filter(run=run, type="approval").values_list(
+        "payload", flat=True
+    )
+    assert json.loads(payload) == {
+        "tool_call_id": "call_9",
+        "name": "calculator",
+        "decision": decision,
+    }
+    assert Run.objects.get(id=other.id).status == Run.Status.RUNNING
+    assert not Event.objects.filter(run=other, type="approval").exists()
+
+
+def test_policies_per_tool_win_over_the_servers_and_deny_is_not_offered(settings):
+    settings.HERMES = {
+        **settings.HERMES,
+        "TOOL_APPROVAL": {"calculator": "deny", "files__read": "allow"},
+        "MCP_SERVERS": [
+            {"name": "files", "command": "true", "approval": "ask"},
+            {"name": "web", "url": "http://127.0.0.1:9/mcp", "approval": "deny"},
+        ],
+    }
+    assert approvals.policy("current_time") == "allow"  # a built-in not named
+    assert approvals.policy("calculator") == "deny"
+    assert approvals.policy("files__read") == "allow"  # named: over its server's
+    assert approvals.policy("files__write") == "ask"
+    assert approvals.policy("web__fetch") == "deny"
+    schema = [
+        {"type": "function", "function": {"name": name}}
+        for name in ("current_time", "calculator", "files__write", "web__fetch")
+    ]
+    offered = [entry["function"]["name"] for entry in approvals.offered(schema)]
+    assert offered == ["current_time", "files__write"]
+    gate = approvals.Gate(always={"files__write"})
+    assert gate.verdict("c1", "files__write") == ("allow", "")
+    assert gate.verdict("c2", "calculator") == ("deny", "")  # deny wins over always
+    gate = approvals.Gate(decisions={"c3": {"decision": "deny", "note": "no"}})
+    assert gate.verdict("c3", "files__write") == ("deny", "no")
+    assert gate.verdict("c4", "files__write") == ("ask", "")

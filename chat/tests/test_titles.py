@@ -1,0 +1,168 @@
+"""Titles generated after a chat's first answer (`chat.titles`): a run of its
+own, journaled, never a turn of the transcript; a user's name always wins."""
+
+import httpx
+import pytest
+
+from chat import titles
+from chat.models import ChatSession, Message
+from chat.providers.base import TITLE_INSTRUCTION
+from chat.services import session_update
+from chat.titles import clean_title, title_subject
+from hermes_testing.api import start_run, stream, text_of
+from hermes_testing.fake_llm import Reply
+from hermes_testing.harness import running_run, wait_until
+from journal.leases import Claim
+from journal.models import Event, Run
+
+
+def _unnamed_session(server, headers: dict) -> int:
+    response = httpx.post(f"{server.url}/api/sessions/", json={}, headers=headers)
+    assert response.status_code == 201, response.text
+    assert response.json()["title"] == "New chat"
+    return response.json()["id"]
+
+
+def _title_run(session_id: int) -> Run:
+    return Run.objects.get(subject=title_subject(session_id))
+
+
+def test_first_answer_brings_a_title_run_journaled_and_out_of_the_transcript(
+    server, alice, fake_llm, live_worker, titles_on
+):
+    user, headers = alice
+    session_id = _unnamed_session(server, headers)
+    fake_llm.push(
+        Reply(text="Paris is the capital."), Reply(text='"Capital of France."\n')
+    )
+    run_id = start_run(server, headers, session_id, "What is the capital of France?")
+    assert text_of(stream(server, headers, run_id)) == "Paris is the capital."
+
+    # Named after the question at once, then by the title run.
+    wait_until(
+        lambda: ChatSession.objects.get(pk=session_id).title == "Capital of France"
+    )
+    title_run = _title_run(session_id)
+    assert title_run.owner_id == user.pk
+    assert title_run.status == Run.Status.COMPLETED
+    events = list(Event.objects.filter(run=title_run).order_by("seq"))
+    assert [e.type for e in events] == ["start", "token", "end"]
+    # What the model was asked: the title instruction over the first exchange.
+    asked = fake_llm.requests[-1].messages
+    assert asked[0] == {"role": "system", "content": TITLE_INSTRUCTION}
+    assert "What is the capital of France?" in asked[1]["content"]
+    assert "Paris is the capital." in asked[1]["content"]
+    assert "tools" not in fake_llm.requests[-1].body
+
+    # Not a turn: the transcript and the session's runs are the chat's only.
+    listed = httpx.get(
+        f"{server.url}/api/sessions/{session_id}/messages/", headers=headers
+    ).json()
+    assert [(m["role"], m["run"]) for m in listed["results"]] == [
+        ("user", run_id),
+        ("assistant", run_id),
+    ]
+    assert not Message.objects.filter(run=title_run).exists()
+    detail = httpx.get(f"{server.url}/api/sessions/{session_id}/", headers=headers)
+    assert detail.json()["active_run"] is None
+
+    # A second answer asks for no second title.
+    fake_llm.push(Reply(text="About two million."))
+    second = start_run(server, headers, session_id, "How many people live there?")
+    stream(server, headers, second)
+    assert Run.objects.filter(subject=title_subject(session_id)).count() == 1
+    assert len(fake_llm.requests) == 3
+
+
+def test_a_chat_the_user_named_keeps_its_name(
+    server, alice, fake_llm, live_worker, titles_on
+):
+    _, headers = alice
+    session_id = _unnamed_session(server, headers)
+    renamed = httpx.patch(
+        f"{server.url}/api/sessions/{session_id}/",
+        json={"title": "My own name"},
+        headers=headers,
+    )
+    assert renamed.status_code == 200
+    fake_llm.push(Reply(text="Hello."))
+    stream(server, headers, start_run(server, headers, session_id, "hi"))
+    assert not Run.objects.filter(subject=title_subject(session_id)).exists()
+    assert ChatSession.objects.get(pk=session_id).title == "My own name"
+    assert len(fake_llm.requests) == 1
+
+
+def test_a_rename_before_the_title_run_ends_wins(alice):
+    """The title is written with the run's `end`, only over a title nobody
+    gave: a rename that landed first is kept, and the run still ends."""
+    user = alice[0]
+    session = ChatSession.objects.create(owner=user)
+    session_update(session=session, title="Renamed first")
+    run = running_run(user, subject=title_subject(session.pk))
+    end = {"status": Run.Status.COMPLETED, "terminal_state": "completed"}
+    events = [("start", {}), ("token", {"text": "Generated"}), ("end", end)]
+    titles._finish(Claim(run.pk, 1), session.pk, events, "Generated")
+    assert ChatSession.objects.get(pk=session.pk).title == "Renamed first"
+    assert Run.objects.get(pk=run.pk).status == Run.Status.COMPLETED
+    # Without the rename, the same end names the chat.
+    other = ChatSession.objects.create(owner=user)
+    run = running_run(user, subject=title_subject(other.pk))
+    titles._finish(Claim(run.pk, 1), other.pk, events, "Generated")
+    assert ChatSession.objects.get(pk=other.pk).title == "Generated"
+
+
+def test_a_failed_title_run_leaves_the_chat_named_after_its_first_message(
+    server, alice, fake_llm, live_worker, titles_on
+):
+    _, headers = alice
+    session_id = _unnamed_session(server, headers)
+    fake_llm.push(Reply(text="Hello."), Reply(status=400))
+    stream(server, headers, start_run(server, headers, session_id, "hi"))
+    wait_until(lambda: _title_run(session_id).status == Run.Status.FAILED)
+    run = _title_run(session_id)
+    assert run.terminal_state == "provider-error"
+    # Named after its first message, as before the title run.
+    assert ChatSession.objects.get(pk=session_id).title == "hi"
+    assert Event.objects.filter(run=run).order_by("-seq").first().type == "end"
+
+
+def test_deleting_the_chat_deletes_its_title_run(
+    server, alice, fake_llm, live_worker, titles_on
+):
+    _, headers = alice
+    session_id = _unnamed_session(server, headers)
+    fake_llm.push(Reply(text="Hello."), Reply(text="Greeting"))
+    stream(server, headers, start_run(server, headers, session_id, "hi"))
+    wait_until(lambda: _title_run(session_id).status == Run.Status.COMPLETED)
+    httpx.delete(f"{server.url}/api/sessions/{session_id}/", headers=headers)
+    assert not Run.objects.filter(subject=title_subject(session_id)).exists()
+
+
+def test_the_demo_model_titles_a_chat_too(
+    server, alice, fake_llm, live_worker, titles_on
+):
+    _, headers = alice
+    session_id = _unnamed_session(server, headers)
+    response = httpx.post(
+        f"{server.url}/api/sessions/{session_id}/runs/",
+        json={"content": "Plan a weekend in Lisbon, please", "model": "demo"},
+        headers=headers,
+    )
+    assert response.status_code == 201, response.text
+    stream(server, headers, response.json()["run_id"])
+    wait_until(lambda: _title_run(session_id).status == Run.Status.COMPLETED)
+    assert ChatSession.objects.get(pk=session_id).title == "Plan a weekend in Lisbon"
+    assert fake_llm.requests == []  # the demo model needs no server
+
+
+@pytest.mark.parametrize(
+    ("answer", "title"),
+    [
+        ('"Capital of France."', "Capital of France"),
+        ("\n\n**Trip plans**\nmore text", "Trip plans"),
+        ("x" * 100, "x" * 79 + "…"),
+        ("   ", ""),
+    ],
+)
+def test_clean_title(answer, title):
+    assert clean_title(answer) == title

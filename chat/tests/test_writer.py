@@ -1,0 +1,179 @@
+"""The batching writer against the real database: event size, isolation, reconciling.
+
+Each test drives `BatchWriter` in an event loop of its own; the appends go
+through the real writer pool and database (transactional tests: the pool's
+threads have connections of their own).
+"""
+
+import asyncio
+import json
+
+import pytest
+
+from chat.writer import BatchWriter, EventsNotStored
+from hermes_testing.harness import running_run
+from journal import dbpool
+from journal.events import MAX_EVENT_BYTES, InvalidEvent
+from journal.models import Event, Run
+from journal.store import AppendRejected, append_many
+
+
+def _rows(run):
+    return list(
+        Event.objects.filter(run=run).order_by("seq").values_list("seq", "payload")
+    )
+
+
+def test_no_text_event_exceeds_64_kib_and_the_text_is_whole(alice):
+    run = running_run(alice[0])
+    # Worst cases: one huge delta, a burst of small ones, text JSON must escape.
+    huge = "é" * 150_000
+    small = ["ab" * 50] * 2000
+    escaped = "\x01" * 40_000
+
+    async def write():
+        writer = BatchWriter(run_id=run.id, token=1)
+        writer.add("token", {"text": huge})
+        for piece in small:
+            writer.add("token", {"text": piece})
+        writer.add("reasoning", {"text": escaped})
+        await writer.flush()
+        return writer
+
+    writer = asyncio.run(write())
+    rows = _rows(run)
+    assert [seq for seq, _ in rows] == list(range(1, len(rows) + 1))
+    assert max(len(payload.encode()) for _, payload in rows) <= MAX_EVENT_BYTES
+    events = [
+        (e.type, json.loads(e.payload)["text"])
+        for e in Event.objects.filter(run=run).order_by("seq")
+    ]
+    assert "".join(t for k, t in events if k == "token") == huge + "".join(small)
+    assert "".join(t for k, t in events if k == "reasoning") == escaped
+    assert writer.rows_written == len(rows) == Run.objects.get(id=run.id).last_seq
+
+
+def test_nul_and_lone_surrogates_are_journaled_as_replacement_characters(alice):
+    run = running_run(alice[0])
+
+    async def write():
+        writer = BatchWriter(run_id=run.id, token=1)
+        writer.add("token", {"text": "a\x00b\ud800c"})
+        writer.add("status", {"message": "s\udfff"})
+        await writer.flush()
+
+    asyncio.run(write())
+    assert [json.loads(p) for _, p in _rows(run)] == [
+        {"text": "a\ufffdb\ufffdc"},
+        {"message": "s\ufffd"},
+    ]
+
+
+def test_a_run_whose_events_cannot_be_stored_fails_alone(alice, bob):
+    good, wrong_type, unencodable = (running_run(u[0]) for u in (alice, bob, bob))
+    troubles = []
+
+    async def write():
+        writers = [
+            BatchWriter(run_id=r.id, token=1, on_trouble=troubles.append)
+            for r in (good, wrong_type, unencodable)
+        ]
+        ok, typed, raw = writers
+        # All three in the same committer tick, hence the same transaction.
+        ok.add("token", {"text": "fine"})
+        typed.add("tool", {"tool_call_id": 123, "name": "calc", "args": "{}"})
+        # Past the writer's cleaning (only a bug could do this): the shared
+        # transaction fails and each run is written on its own.
+        raw._pending.append(["status", {"message": "\ud800"}])
+        raw._idle.clear()
+        raw._committer.want(raw)
+        ok.add("token", {"text": " still fine"})
+        outcomes = await asyncio.gather(
+            *(w.flush() for w in writers), return_exceptions=True
+        )
+        ok.add("token", {"text": "!"})
+        await ok.flush()
+        return outcomes
+
+    outcomes = asyncio.run(write())
+    assert outcomes[0] is None
+    assert isinstance(outcomes[1], InvalidEvent)
+    assert isinstance(outcomes[2], EventsNotStored)
+    assert troubles == ["journal", "journal"]
+    assert [json.loads(p)["text"] for _, p in _rows(good)] == ["fine still fine", "!"]
+    assert _rows(wrong_type) == [] and _rows(unencodable) == []
+    assert Run.objects.get(id=unencodable.id).last_seq == 0
+
+
+@pytest.mark.parametrize("landed", [True, False])
+def test_a_batch_whose_commit_was_unknown_is_written_exactly_once(alice, landed):
+    run = running_run(alice[0])
+    batch = [("token", {"text": "abc"}), ("status", {"message": "m"})]
+
+    async def write():
+        if landed:  # the commit went through; the answer was lost with the connection
+            await dbpool.writers.run(append_many, [(run.id, 1, batch)])
+        writer = BatchWriter(run_id=run.id, token=1)
+        for event_type, payload in batch:
+            writer.add(event_type, payload)
+        assert writer.take() == batch
+        writer.stalled()  # what the committer does after a connection error
+        writer.settle()
+        await writer.flush()
+        writer.add("token", {"text": "next"})
+        await writer.flush()
+        return writer
+
+    writer = asyncio.run(write())
+    assert [json.loads(p) for _, p in _rows(run)] == [
+        {"text": "abc"},
+        {"message": "m"},
+        {"text": "next"},
+    ]
+    assert writer.last_seq == 3
+
+
+def test_a_writer_taken_over_during_an_outage_writes_nothing_more(alice):
+    run = running_run(alice[0])
+    troubles: list[str] = []
+
+    async def write():
+        writer = BatchWriter(run_id=run.id, token=1, on_trouble=troubles.append)
+        writer.add("token", {"text": "before the outage"})
+        await writer.flush()
+        writer.add("token", {"text": "held during the outage"})
+        writer.take()
+        writer.stalled()
+        # Meanwhile a reaper took the run over.
+        await dbpool.writers.run(
+            lambda: Run.objects.filter(id=run.id).update(fencing_token=2)
+        )
+        writer.settle()
+        with pytest.raises(AppendRejected):
+            await writer.flush()
+        writer.add("token", {"text": "after"})  # ignored: the writer failed
+        with pytest.raises(AppendRejected):
+            await writer.flush()
+
+    asyncio.run(write())
+    assert [json.loads(p)["text"] for _, p in _rows(run)] == ["before the outage"]
+    assert troubles == ["fenced"]  # the runner stops the model at once
+
+
+def test_a_run_whose_buffer_outgrows_its_bound_is_told_once(alice, monkeypatch):
+    import chat.writer
+
+    run = running_run(alice[0])
+    monkeypatch.setattr(chat.writer, "BUFFER_MAX_CHARS", 100)
+    troubles: list[str] = []
+
+    async def write():
+        writer = BatchWriter(run_id=run.id, token=1, on_trouble=troubles.append)
+        for _ in range(5):  # added faster than any commit: all of it is buffered
+            writer.add("token", {"text": "x" * 40})
+        await writer.flush()  # what was buffered is still written, whole
+        assert writer.buffered_chars == 0
+
+    asyncio.run(write())
+    assert troubles == ["database"]
+    assert "".join(json.loads(p)["text"] for _, p in _rows(run)) == "x" * 200

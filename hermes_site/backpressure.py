@@ -1,0 +1,188 @@
+"""Backpressure for streams under daphne, and closing readers that fall behind.
+
+uvicorn's `send` waits while its transport's buffer is above a high-water mark,
+so a slow client slows the response's generator. daphne's does not: it hands
+each body to Twisted, whose transport buffers everything the generator yields,
+so a reader taking 1 byte/s made the web process hold the whole run in memory.
+Twisted's transport knows how much it holds unsent; here a stream's `send`
+looks at that after each body and waits while it is above `SEND_BUFFER_BYTES`
+(a generator that waits reads nothing more). A reader that stays above the
+mark for `HERMES["SLOW_READER_S"]` is closed: SSE gets a comment saying why,
+a WebSocket the close code `CLOSE_TOO_SLOW`; both resume from their cursor.
+
+Reaching Twisted's transport goes through daphne's `send` (a partial of its
+server's `handle_reply` bound to the protocol) and, for a WebSocket, through
+Channels' session wrapper of it. On any other server `transport_of` answers
+None and nothing here applies (such servers apply backpressure themselves).
+"""
+
+import asyncio
+import functools
+import logging
+import time
+from typing import Any
+
+from django.conf import settings
+
+from journal import wire
+
+log = logging.getLogger(__name__)
+
+# Unsent bytes one reader may leave queued in this process; with the one chunk
+# being built and a journal page or two, a reader stays under ~1 MiB.
+SEND_BUFFER_BYTES = 64 * 1024
+# How often a waiting stream looks at its buffer again: soon at first, then
+# less often, so a thousand stalled readers cost a few wakeups each a second.
+DRAIN_POLL_S = (0.02, 0.5)
+CLOSE_TOO_SLOW = 4408  # WebSocket close code (mirrors HTTP 408): fell behind
+
+
+def _daphne_protocol_of(send: Any) -> Any | None:
+    """daphne's protocol object (HTTP or WebSocket) behind its `send`, else None."""
+    for _ in range(4):  # unwrap Channels' wrappers (sessions) down to daphne's
+        if isinstance(send, functools.partial) and send.args:
+            return send.args[0]
+        owner = getattr(send, "__self__", None)
+        send = getattr(owner, "real_send", None)
+        if send is None:
+            return None
+    return None
+
+
+def transport_of(send: Any) -> Any | None:
+    """The Twisted transport behind daphne's `send`, else None."""
+    transport = getattr(_daphne_protocol_of(send), "transport", None)
+    if transport is not None and hasattr(transport, "dataBuffer"):
+        return transport
+    return None
+
+
+def unsent_bytes(transport: Any) -> int:
+    """Bytes a Twisted TCP transport still holds (`abstract.FileDescriptor`)."""
+    return (
+        len(transport.dataBuffer)
+        - transport.offset
+        + getattr(transport, "_tempDataLen", 0)
+    )
+
+
+def slow_reader_s() -> float:
+    return settings.HERMES.get("SLOW_READER_S", 30.0)
+
+
+async def wait_drained(transport: Any | None) -> int:
+    """Wait while more than `SEND_BUFFER_BYTES` are unsent, up to `SLOW_READER_S`.
+
+    Returns 0 when the reader kept up (or the server has its own backpressure),
+    else the bytes still unsent when the reader was given up on.
+    """
+    if transport is None:
+        return 0
+    pending = unsent_bytes(transport)
+    if pending <= SEND_BUFFER_BYTES:
+        return 0
+    deadline = time.monotonic() + slow_reader_s()
+    poll, poll_max = DRAIN_POLL_S
+    while pending > SEND_BUFFER_BYTES // 2:
+        if getattr(transport, "disconnected", False):
+            return 0  # the server tells the application itself
+        if time.monotonic() > deadline:
+            return pending
+        await asyncio.sleep(poll)
+        poll = min(poll_max, poll * 2)
+        pending = unsent_bytes(transport)
+    return 0
+
+
+def too_slow_reason(pending: int) -> str:
+    return (
+        f"reader too slow ({pending // 1024} KiB unsent for {slow_reader_s():g} s); "
+        "reconnect to resume from the last event id"
+    )
+
+
+ABORT_AFTER = 4  # × SLOW_READER_S: a reader given up on that still reads nothing
+
+
+def _close_after_flush(transport: Any) -> None:
+    """No keep-alive for a reader given up on: close once it has read the rest.
+
+    One that leaves bytes unsent for `ABORT_AFTER` × `SLOW_READER_S` more is
+    cut (the kernel's buffers are not this process's memory; ours is).
+    """
+    # Twisted closes only once no producer is registered (daphne's HTTP channel is).
+    transport.unregisterProducer()
+    transport.loseConnection()
+
+    def abort_if_stuck() -> None:
+        if not getattr(transport, "disconnected", True) and unsent_bytes(transport):
+            transport.abortConnection()
+
+    asyncio.get_running_loop().call_later(ABORT_AFTER * slow_reader_s(), abort_if_stuck)
+
+
+def let_websocket_close_after_flush(send: Any) -> None:
+    """Give a WebSocket's closing handshake as long as a given-up SSE reader gets.
+
+    A close frame (the `end` of a replay's 1000, or `CLOSE_TOO_SLOW`) queues
+    behind the frames still unsent here and in the kernel; autobahn, under
+    daphne, cuts the connection (a TCP reset, the rest and the close frame
+    lost) when the client has not answered it within `closeHandshakeTimeout`,
+    one second by default: a client reading at a modest pace never saw the
+    close frame, nor the last frames before it. The client now has
+    `ABORT_AFTER` × `SLOW_READER_S` to read up to the close frame; one that
+    does not is cut then, as a given-up SSE reader is. This process holds at
+    most `SEND_BUFFER_BYTES` for it meanwhile.
+    """
+    protocol = _daphne_protocol_of(send)
+    if protocol is not None and hasattr(protocol, "closeHandshakeTimeout"):
+        protocol.closeHandshakeTimeout = ABORT_AFTER * slow_reader_s()
+
+
+class SSEFlow:
+    """Wraps one streaming response's `send` and `receive` (see the module text).
+
+    When the reader is given up on, the response ends with an SSE comment, and
+    `receive` reports a disconnect so Django stops the response's generator.
+    """
+
+    def __init__(self, receive, send):
+        self._receive, self._send = receive, send
+        self.transport = transport_of(send)
+        self._given_up = False
+        # The task waiting in `receive`, interrupted when the reader is given
+        # up on: no task or event of its own (an idle stream's memory counts).
+        self._receiver: asyncio.Task | None = None
+
+    async def send(self, message: dict) -> None:
+        if self._given_up:
+            return
+        await self._send(message)
+        if message["type"] != "http.response.body" or not message.get("more_body"):
+            return
+        pending = await wait_drained(self.transport)
+        if pending:
+            reason = too_slow_reason(pending)
+            log.info("stream closed: %s", reason)
+            self._given_up = True
+            if self._receiver is not None:
+                self._receiver.cancel()
+            body = wire.sse_comment(f"closed: {reason}").encode()
+            await self._send({"type": "http.response.body", "body": body})
+            _close_after_flush(self.transport)
+
+    async def receive(self) -> dict:
+        if self.transport is None:
+            return await self._receive()
+        if self._given_up:
+            return {"type": "http.disconnect"}
+        self._receiver = task = asyncio.current_task()
+        try:
+            return await self._receive()
+        except asyncio.CancelledError:
+            # Ours alone (given up on): a disconnect; anyone else's goes on.
+            if self._given_up and task is not None and task.uncancel() == 0:
+                return {"type": "http.disconnect"}
+            raise
+        finally:
+            self._receiver = None

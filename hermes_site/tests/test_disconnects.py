@@ -1,0 +1,82 @@
+"""Stream instances end promptly when their client leaves, under daphne.
+
+Clients of a run's SSE stream and of the notification stream connect to a
+daphne process and then drop their sockets while the streams idle between
+keepalives. The run streams' subscriptions (the `/metrics` gauge) go to zero,
+and daphne never has to kill an application instance that outlived its client
+(`--application-close-timeout` is shortened so its warning would show soon).
+"""
+
+import socket
+import time
+
+import httpx
+import pytest
+
+from hermes_testing.harness import (
+    daphne_args,
+    make_user,
+    running_run,
+    spawn_logged,
+    subprocess_env,
+    wait_until,
+)
+from hermes_testing.private_servers import free_port
+
+pytestmark = pytest.mark.chaos
+
+CLOSE_TIMEOUT_S = (
+    2  # daphne kills (and logs) instances alive this long after their client
+)
+CLIENTS = 10
+
+
+def _gauge(base: str, name: str) -> float:
+    for line in httpx.get(f"{base}/metrics", timeout=30).text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    raise AssertionError(f"no {name}")
+
+
+def _open(port: int, path: str, token: str) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.sendall(
+        f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Token {token}\r\n\r\n".encode()
+    )
+    assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # headers, then the stream
+    return sock
+
+
+def test_streams_end_promptly_when_their_clients_leave(
+    transactional_db, django_user_model, tmp_path
+):
+    user, headers = make_user(django_user_model, "dora")
+    run = running_run(user, lease_s=600)  # never ends: only the clients leave
+    token = headers["Authorization"].split()[1]
+    port = free_port()
+    env = subprocess_env(HERMES_SSE_KEEPALIVE_S="30")  # idle between keepalives
+    env.pop("REDIS_URL", None)
+    log = tmp_path / "daphne.log"
+    args = [*daphne_args(port), "--application-close-timeout", str(CLOSE_TIMEOUT_S)]
+    daphne = spawn_logged(args, env, log, "Listening on TCP address")
+    base = f"http://127.0.0.1:{port}"
+    try:
+        socks = [
+            _open(port, path, token)
+            for _ in range(CLIENTS)
+            for path in (f"/api/runs/{run.id}/events/", "/api/stream/")
+        ]
+        wait_until(lambda: _gauge(base, "hermes_subscriptions_active") == CLIENTS, 30)
+        left = time.monotonic()
+        for sock in socks:
+            sock.close()
+        wait_until(lambda: _gauge(base, "hermes_subscriptions_active") == 0, 10)
+        assert time.monotonic() - left < CLOSE_TIMEOUT_S
+        # daphne checks its instances every second: give it the close timeout
+        # and two checks to complain, if it were going to.
+        time.sleep(CLOSE_TIMEOUT_S + 2)
+    finally:
+        daphne.terminate()
+        daphne.wait(20)
+    assert "took too long to shut down" not in log.read_text()

@@ -1,0 +1,224 @@
+"""`journal.subscribe`: replay then live, each seq once, one hub per run and loop.
+
+Runs are written with `journal.store` and published with `journal.publish`,
+the way any app's worker does; readers are `subscribe` generators on the same
+event loop, as transports hold them. Nothing here knows what a run is about.
+"""
+
+import asyncio
+import re
+from collections import Counter
+from contextlib import aclosing
+
+import pytest
+
+from hermes_testing.harness import group_size, running_run, wait_until_async
+from journal import subscribe as subscribe_module
+from journal import wire
+from journal.publish import append_and_publish, group_name
+from journal.store import append, read_after
+from journal.subscribe import hubs, subscribe, subscribe_frames
+
+END = ("end", {"status": "completed", "terminal_state": "completed"})
+
+
+def _tokens(n: int, start: int = 0) -> list[tuple[str, dict]]:
+    return [("token", {"text": f"t{i}"}) for i in range(start, start + n)]
+
+
+class Reader:
+    """A subscriber on this loop that keeps every record it is given."""
+
+    def __init__(self, run_id: str, after_seq: int = 0):
+        self.seqs: list[int] = []
+        self.types: list[str] = []
+        self.gate = asyncio.Event()  # cleared: the reader stops taking batches
+        self.gate.set()
+        self._stream = subscribe(run_id, after_seq=after_seq, idle_s=0.2)
+        self.task = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async with aclosing(self._stream) as stream:
+            async for batch in stream:
+                await self.gate.wait()
+                self.seqs += [r.seq for r in batch]
+                self.types += [r.type for r in batch]
+
+    async def close(self) -> None:
+        self.task.cancel()
+        await asyncio.gather(self.task, return_exceptions=True)
+
+
+async def _publish(run_id: str, events) -> None:
+    await append_and_publish(run_id=run_id, token=1, events=events)
+
+
+def test_replay_then_live_has_no_gap_and_no_duplicate(alice, fast_readers):
+    run = running_run(alice[0])
+    append(run_id=run.id, token=1, events=_tokens(5))
+
+    async def main() -> list[int]:
+        reader = Reader(run.id)
+        await wait_until_async(lambda: reader.seqs == [1, 2, 3, 4, 5])
+        for i in range(5, 25, 4):  # live, in batches, while the reader follows
+            await _publish(run.id, _tokens(4, start=i))
+        await _publish(run.id, [END])
+        await asyncio.wait_for(reader.task, 10)
+        return reader.seqs
+
+    assert asyncio.run(main()) == list(range(1, 27))
+
+
+def test_a_reader_attaching_while_events_are_written_misses_none(alice, fast_readers):
+    run = running_run(alice[0])
+
+    async def main() -> list[int]:
+        halfway = asyncio.Event()
+        writing = asyncio.create_task(_write_many(run.id, halfway))
+        await halfway.wait()
+        reader = Reader(run.id)  # attaches mid-stream: part replay, part live
+        await writing
+        await asyncio.wait_for(reader.task, 10)
+        return reader.seqs
+
+    async def _write_many(run_id: str, halfway: asyncio.Event) -> None:
+        for i in range(30):
+            await _publish(run_id, _tokens(2, start=2 * i))
+            if i == 10:
+                halfway.set()
+            await asyncio.sleep(0)  # let the reader run between commits
+        await _publish(run_id, [END])
+
+    assert asyncio.run(main()) == list(range(1, 62))
+
+
+def test_several_readers_share_one_hub_and_one_group_membership(alice, fast_readers):
+    run = running_run(alice[0])
+    append(run_id=run.id, token=1, events=_tokens(6))
+
+    async def main():
+        readers = [Reader(run.id, after_seq=k) for k in (0, 2, 6)]
+        await wait_until_async(lambda: all(r.seqs[-1:] == [6] for r in readers[:2]))
+        shared = (len(hubs()), await group_size(group_name(run.id)))
+        await _publish(run.id, [*_tokens(3, start=6), END])
+        await asyncio.gather(*(asyncio.wait_for(r.task, 10) for r in readers))
+        return shared, [r.seqs for r in readers]
+
+    shared, seen = asyncio.run(main())
+    assert shared == (1, 1)
+    assert seen == [list(range(1, 11)), list(range(3, 11)), list(range(7, 11))]
+
+
+def test_readers_of_one_hub_get_the_same_frames_each_encoded_once(alice, fast_readers):
+    run = running_run(alice[0])
+    encoded: Counter = Counter()
+
+    def counting_frame(run_id, record):
+        encoded[record.seq] += 1
+        return wire.sse_frame(run_id, record)
+
+    fmt = wire.Format("counting-sse", counting_frame, joined=True)
+
+    async def read(gate: asyncio.Event) -> bytes:
+        received = []
+        async with aclosing(subscribe_frames(run.id, fmt, idle_s=0.2)) as stream:
+            async for writes in stream:
+                await gate.wait()
+                received += writes
+        return b"".join(received)
+
+    async def main():
+        open_gate, slow_gate = asyncio.Event(), asyncio.Event()
+        open_gate.set()
+        readers = [asyncio.create_task(read(open_gate)) for _ in range(3)]
+        readers.append(asyncio.create_task(read(slow_gate)))  # takes larger batches
+        await wait_until_async(
+            lambda: run.id in hubs() and hubs()._hubs[run.id].ready.is_set()
+        )
+        for i in range(0, 40, 4):
+            await _publish(run.id, _tokens(4, start=i))
+        await _publish(run.id, [END])
+        slow_gate.set()
+        return await asyncio.wait_for(asyncio.gather(*readers), 10)
+
+    streams = asyncio.run(main())
+    assert len(set(streams)) == 1  # every reader got the same bytes
+    seqs = [int(s) for s in re.findall(rb"^id: [^:]+:([0-9]+)$", streams[0], re.M)]
+    assert seqs == list(range(1, 42))  # each seq once, in order
+    journaled = read_after(run_id=run.id, after_seq=0, limit=100)
+    assert streams[0] == wire.sse_frames(run.id, journaled).encode()
+    assert set(encoded.values()) == {1}  # four readers, one encoding per seq
+    assert sorted(encoded) == seqs
+
+
+def test_a_reader_that_falls_behind_the_window_reads_the_journal(
+    alice, fast_readers, monkeypatch
+):
+    monkeypatch.setattr(subscribe_module, "WINDOW", 8)
+    monkeypatch.setattr(subscribe_module, "PAGE_FIRST_ROWS", 5)
+    run = running_run(alice[0])
+
+    async def main():
+        keeping_up, slow = Reader(run.id), Reader(run.id)
+        slow.gate.clear()  # takes its first batch, then stops reading
+        for i in range(0, 60, 3):
+            await _publish(run.id, _tokens(3, start=i))
+        await _publish(run.id, [END])
+        await asyncio.wait_for(keeping_up.task, 10)
+        hub_base = max(hub.base for hub in hubs()._hubs.values())
+        slow.gate.set()
+        await asyncio.wait_for(slow.task, 10)
+        return hub_base, keeping_up.seqs, slow.seqs
+
+    hub_base, fast_seqs, slow_seqs = asyncio.run(main())
+    assert hub_base > 8  # the window moved on past what the slow reader had
+    assert fast_seqs == slow_seqs == list(range(1, 62))
+
+
+def test_a_cursor_at_the_end_of_a_finished_run_yields_nothing(alice):
+    run = running_run(alice[0])
+    append(run_id=run.id, token=1, events=[*_tokens(3), END])
+
+    async def read(after_seq: int) -> list[str]:
+        reader = Reader(run.id, after_seq=after_seq)
+        await asyncio.wait_for(reader.task, 10)
+        return reader.types
+
+    assert asyncio.run(read(4)) == []
+    assert asyncio.run(read(3)) == ["end"]
+    assert asyncio.run(read(0)) == ["token", "token", "token", "end"]
+
+
+def test_the_hub_goes_when_its_last_reader_leaves(alice, fast_readers):
+    run = running_run(alice[0])
+    append(run_id=run.id, token=1, events=_tokens(2))
+    group = group_name(run.id)
+
+    async def main() -> list[tuple[int, int]]:
+        first, second = Reader(run.id), Reader(run.id)
+        await wait_until_async(lambda: first.seqs and second.seqs)
+        seen = [(len(hubs()), await group_size(group))]
+        await first.close()
+        seen.append((len(hubs()), await group_size(group)))
+        await second.close()
+        seen.append((len(hubs()), await group_size(group)))
+        return seen
+
+    assert asyncio.run(main()) == [(1, 1), (1, 1), (0, 0)]
+
+
+@pytest.mark.parametrize("after_seq", [0, 3])
+def test_a_run_that_ends_while_read_is_followed_to_its_end(
+    alice, fast_readers, after_seq
+):
+    run = running_run(alice[0])
+    append(run_id=run.id, token=1, events=_tokens(4))
+
+    async def main() -> list[int]:
+        reader = Reader(run.id, after_seq=after_seq)
+        await wait_until_async(lambda: reader.seqs[-1:] == [4])
+        await _publish(run.id, [END])
+        await asyncio.wait_for(reader.task, 10)
+        return reader.seqs
+
+    assert asyncio.run(main()) == list(range(after_seq + 1, 6))
