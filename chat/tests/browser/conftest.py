@@ -19,6 +19,7 @@ from hermes_testing.browser import (
     StreamMeter,
     orm_in_this_thread,
 )
+from hermes_testing.chromium import BoundedChromium
 from hermes_testing.harness import wait_until
 from journal import metrics
 
@@ -35,23 +36,26 @@ def _orm_beside_playwright():
 
 
 @pytest.fixture(scope="package")
-def browser():
-    """One Chromium for the browser tests. Not longer: while Playwright runs, its
-    loop counts as running in this thread, and ORM calls of the tests after this
-    package would fail. Not shorter either: one launch and one close per suite
-    (closing a Chromium that ran SharedWorkers has been seen to hang)."""
+def chromium():
+    """One Chromium for the browser tests (relaunched only if a close hangs:
+    `hermes_testing.chromium`). Not longer: while Playwright runs, its loop
+    counts as running in this thread, and ORM calls of the tests after this
+    package would fail."""
     if CHROMIUM is None:
         pytest.fail("Chromium is missing (`make test` installs Debian's chromium)")
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(
-            executable_path=CHROMIUM, args=CHROMIUM_ARGS
-        )
-        yield chromium
-        chromium.close()
+        bounded = BoundedChromium(playwright, CHROMIUM, CHROMIUM_ARGS)
+        yield bounded
+        bounded.close()
 
 
 @pytest.fixture
-def open_page(browser, server):
+def browser(chromium):
+    return chromium.browser
+
+
+@pytest.fixture
+def open_page(chromium, browser, server):
     """`open_page(user, path="/", **context_options)` -> a signed-in page, ready.
 
     `tab_of=page` opens another tab of that page's browser (its context: same
@@ -89,7 +93,7 @@ def open_page(browser, server):
 
     yield make
     for context in contexts:
-        context.close()
+        chromium.close_context(context)
     assert not errors, errors
 
 

@@ -72,7 +72,7 @@ document.addEventListener("securitypolicyviolation", (e) =>
 
 
 def test_admin_pages_break_no_rule_of_the_content_security_policy(
-    browser, server, alice
+    chromium, browser, server, alice
 ):
     """The policy covers the admin too: its pages, and the payloads it shows,
     load nothing inline and nothing from elsewhere."""
@@ -121,4 +121,4 @@ def test_admin_pages_break_no_rule_of_the_content_security_policy(
         payload = page.locator("pre.journal-payload").first
         assert payload.evaluate("e => getComputedStyle(e).whiteSpace") == "pre-wrap"
     finally:
-        context.close()
+        chromium.close_context(context)
