@@ -650,6 +650,20 @@ def which(cmd: str) -> str | None:
     return shutil.which(cmd)
 
 
+# --- bench-only routes of the ASGI wrappers (writer_asgi, traced_asgi) --------
+
+
+async def send_json(send, payload: dict) -> None:
+    """Answer an ASGI HTTP request with `payload` as JSON."""
+    body = json.dumps(payload).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+    ]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
 # --- the fan-out writer (inside a server process or in a helper process) ------
 
 

@@ -9,11 +9,16 @@ differences, largest first), and the total. Every other request goes to
 costs memory and CPU itself: RSS is measured on the plain application.
 """
 
-import json
+import sys
 import tracemalloc
+from pathlib import Path
 from urllib.parse import parse_qs
 
 tracemalloc.start(12)  # before Hermes is imported: its modules' allocations too
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import common  # noqa: E402
 
 from hermes_site.asgi import application as hermes  # noqa: E402
 
@@ -50,18 +55,8 @@ async def application(scope, receive, send):
 
         gc.collect()
         _snapshots[query["label"]] = tracemalloc.take_snapshot().filter_traces(_IGNORE)
-        body = b"{}"
+        await common.send_json(send, {})
     else:
-        result = _diff(query["a"], query["b"], int(query.get("top", "30")))
-        body = json.dumps(result).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+        await common.send_json(
+            send, _diff(query["a"], query["b"], int(query.get("top", "30")))
+        )

@@ -9,7 +9,6 @@ unchanged. Served with `python -m daphne … writer_asgi:application` from
 `bench/`; never deployed.
 """
 
-import json
 import sys
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -28,15 +27,4 @@ async def application(scope, receive, send):
     commits = await common.write_batches(
         query["run"], int(query["n"]), int(query["batch"]), end=query.get("end") == "1"
     )
-    body = json.dumps({"commits": commits}).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(body)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": body})
+    await common.send_json(send, {"commits": commits})

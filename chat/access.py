@@ -173,6 +173,8 @@ async def _check(credential: Credential) -> bool:
     try:
         return await dbpool.readers.run(credential_valid, credential)
     except DATABASE_ERRORS as exc:
+        if not dbpool.is_connection_error(exc):
+            raise
         outage(DATABASE).failed("credential check", exc)
         return True
 

@@ -68,6 +68,8 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         try:
             run, code = await dbpool.readers.run(_authorize, self.scope, run_id)
         except DATABASE_ERRORS as exc:  # the SSE view's 503
+            if not dbpool.is_connection_error(exc):
+                raise
             outage(DATABASE).failed("websocket connect", exc)
             run, code = None, CLOSE_TRY_AGAIN
         # Accept before refusing: a close code (unlike a bare 403) tells the

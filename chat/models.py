@@ -238,7 +238,16 @@ class PendingMessage(models.Model):
 
     class Meta:
         ordering = ["session", "id"]
-        indexes = [models.Index(fields=["session", "state"])]
+        indexes = [
+            models.Index(fields=["session", "state"]),
+            # The reaper's look for stranded queued messages (chat.pending)
+            # reads only the few still pending, whatever the table's size.
+            models.Index(
+                fields=["created_at"],
+                condition=models.Q(state="pending"),
+                name="chat_pending_waiting_idx",
+            ),
+        ]
 
     def __str__(self) -> str:
         return f"{self.kind} ({self.state}): {self.content[:40]}"

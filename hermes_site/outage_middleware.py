@@ -3,7 +3,8 @@
 An `EventSource` that gets a 500 gives up for good; clients, proxies and the
 chat page all know that a 503 with `Retry-After` means "come back soon". Three
 hooks turn the errors of a database that is down or restarting
-(`journal.outages.DATABASE_ERRORS`) into that answer:
+(`journal.dbpool.is_connection_error`: not an error of the request itself,
+such as a limit of the server exceeded) into that answer:
 
 - `DatabaseOutageMiddleware.process_exception`: any view, DRF's included (DRF
   re-raises what its exception handler leaves alone, and
@@ -20,7 +21,8 @@ from asgiref.sync import iscoroutinefunction, markcoroutinefunction
 from django.http import HttpRequest, JsonResponse
 from django.views.defaults import server_error
 
-from journal.outages import DATABASE, DATABASE_ERRORS, outage
+from journal import dbpool
+from journal.outages import DATABASE, outage
 
 RETRY_AFTER_S = 5  # a restart usually takes seconds; EventSource retries about then
 
@@ -40,7 +42,7 @@ def outage_response() -> JsonResponse:
 
 
 def _database_outage(exception: BaseException) -> bool:
-    if isinstance(exception, DATABASE_ERRORS):
+    if dbpool.is_connection_error(exception):
         outage(DATABASE).failed("request", exception)
         return True
     return False

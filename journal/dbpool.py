@@ -30,7 +30,9 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from django.db import InterfaceError, OperationalError, connections
+from django.db import connections
+
+from .outages import DATABASE_ERRORS
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +61,7 @@ def is_connection_error(exc: BaseException) -> bool:
     the server's exceeded, e.g. a tsvector past 1 MiB): their SQLSTATE class
     says so, and retrying them would only repeat them.
     """
-    if not isinstance(exc, OperationalError | InterfaceError):
+    if not isinstance(exc, DATABASE_ERRORS):
         return False
     sqlstate = getattr(exc, "sqlstate", None) or getattr(
         exc.__cause__, "sqlstate", None

@@ -169,6 +169,8 @@ class RunHub:
             try:
                 result = await dbpool.readers.run(fn, run_id=self.run_id, **kwargs)
             except DATABASE_ERRORS as exc:
+                if not dbpool.is_connection_error(exc):
+                    raise
                 outage(DATABASE).failed("journal read", exc)
                 await asyncio.sleep(backoff.next_delay())
                 continue
@@ -438,6 +440,8 @@ async def _stream(
                 try:
                     batch = await pages.after(cursor, prefetch_below=hub.base)
                 except DATABASE_ERRORS as exc:
+                    if not dbpool.is_connection_error(exc):
+                        raise
                     outage(DATABASE).failed("journal page", exc)
                     yield []  # a keepalive, then the same page again
                     await asyncio.sleep(backoff.next_delay())

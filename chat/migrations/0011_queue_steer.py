@@ -34,7 +34,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 'ordering': ['session', 'id'],
-                'indexes': [models.Index(fields=['session', 'state'], name='chat_pendin_session_17217b_idx')],
+                'indexes': [models.Index(fields=['session', 'state'], name='chat_pendin_session_17217b_idx'), models.Index(condition=models.Q(('state', 'pending')), fields=['created_at'], name='chat_pending_waiting_idx')],
             },
         ),
     ]

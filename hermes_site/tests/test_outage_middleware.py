@@ -50,6 +50,24 @@ def test_an_error_outside_the_views_is_a_503_not_a_500(
     assert not [r for r in caplog.records if r.name == "django.request"]
 
 
+def _limit_exceeded(*args, **kwargs):
+    error = OperationalError("index row requires 1200000 bytes, maximum size is 8191")
+    error.sqlstate = "54000"  # type: ignore[attr-defined]  # program limit exceeded
+    raise error
+
+
+def test_an_error_of_the_request_itself_is_no_outage(client, db, monkeypatch, caplog):
+    """A limit of the server exceeded is filed under OperationalError too; a
+    503 would tell the client to send the same request again for ever."""
+    client.raise_request_exception = False
+    client.cookies["sessionid"] = "x" * 32
+    monkeypatch.setattr(SessionStore, "load", _limit_exceeded)
+    response = client.get("/")
+    assert response.status_code == 500
+    assert "Retry-After" not in response
+    assert not [r for r in caplog.records if r.name == "journal.outages"]
+
+
 def test_a_websocket_meets_the_outage_with_close_code_1013(server, alice, monkeypatch):
     run = running_run(alice[0])
     monkeypatch.setattr(consumers, "_authorize", _down)
