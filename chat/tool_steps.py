@@ -1,0 +1,157 @@
+"""A run's tool steps: each call of the model's step answered in order,
+journaled as `tool` / `tool_complete` and kept in the session
+(docs/architecture.md §6). Built-in tools run in killable processes
+(chat.tools), MCP tools through chat.mcp_tools; every call is raced by the
+run's stop, bounded by its budget (chat.budget) and gated by the approval
+policy (chat.approvals). `chat.runner` drives the steps.
+"""
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from typing import Protocol, TypeVar
+
+from journal.events import storable
+
+from . import mcp_tools
+from . import tools as tool_registry
+from .approvals import ASK, DENY, Gate
+from .budget import Budget
+from .models import Message
+from .writer import BatchWriter
+
+T = TypeVar("T")
+
+
+class Keeper(Protocol):
+    """Where a step's results go: the run's writer, and its session."""
+
+    writer: BatchWriter
+
+    async def keep(self, **fields) -> int: ...
+
+
+class AwaitingApproval(Exception):
+    """A tool call needs a person's decision: the attempt ends, the run waits."""
+
+    def __init__(self, request: dict):
+        super().__init__(request["tool_call_id"])
+        self.request = request
+
+
+async def run_tools(
+    result, sink: Keeper, budget: Budget, stop: asyncio.Event, gate: Gate
+) -> list[dict]:
+    """Keep the assistant's tool-call step, then answer its calls (`_answer_calls`)."""
+    writer = sink.writer
+    await writer.flush()
+    await sink.keep(
+        role=Message.Role.ASSISTANT,
+        content=result.content,
+        reasoning=result.reasoning,
+        tool_calls=result.tool_calls,
+    )
+    step = {"role": "assistant", "content": result.content}
+    step["tool_calls"] = result.tool_calls
+    calls = list(enumerate(result.tool_calls))
+    return [step, *await _answer_calls(calls, sink, budget, stop, gate)]
+
+
+async def answer_pending(
+    history: list[dict], sink: Keeper, budget: Budget, stop: asyncio.Event, gate: Gate
+) -> list[dict]:
+    """A resumed run: answer the calls of its last tool step that have no
+    result yet (the one that waited for a decision, and those after it)."""
+    steps = [i for i, m in enumerate(history) if m.get("tool_calls")]
+    if not steps or history[steps[-1]]["role"] != "assistant":
+        return []
+    answered = {m.get("tool_call_id") for m in history[steps[-1] + 1 :]}
+    calls = list(enumerate(history[steps[-1]]["tool_calls"]))
+    pending = [(i, c) for i, c in calls if c["id"] not in answered]
+    return await _answer_calls(pending, sink, budget, stop, gate)
+
+
+async def _answer_calls(
+    calls: list[tuple[int, dict]],
+    sink: Keeper,
+    budget: Budget,
+    stop: asyncio.Event,
+    gate: Gate,
+) -> list[dict]:
+    """Run each call in order; keep and journal its result.
+
+    Every call gets a result, run or not (the next request's history must
+    answer each call): past the step's or the run's tool budget, once the
+    run is stopped, or denied, the result is an error saying so. A call that
+    needs a person's approval raises `AwaitingApproval` (chat.approvals).
+    """
+    writer = sink.writer
+    added = []
+    for index, call in calls:
+        name, args = call["function"]["name"], call["function"]["arguments"]
+        if call["id"] not in gate.decisions:  # else announced before it waited
+            writer.add("tool", {"tool_call_id": call["id"], "name": name, "args": args})
+        began = time.monotonic()
+        output, is_error = await _answer(call, index, budget, stop, gate)
+        writer.add(
+            "tool_complete",
+            {
+                "tool_call_id": call["id"],
+                "name": name,
+                "result": output,
+                "is_error": is_error,
+                "duration_ms": round((time.monotonic() - began) * 1000, 1),
+            },
+        )
+        output = storable(output)
+        await writer.flush()
+        await sink.keep(
+            role=Message.Role.TOOL,
+            content=output,
+            tool_call_id=call["id"],
+        )
+        added.append({"role": "tool", "tool_call_id": call["id"], "content": output})
+    return added
+
+
+async def _answer(
+    call: dict, index: int, budget: Budget, stop: asyncio.Event, gate: Gate
+) -> tuple[str, bool]:
+    """One tool call's result: built-in or MCP (`<server>__<tool>`), raced by `stop`."""
+    name, args = call["function"]["name"], call["function"]["arguments"]
+    refusal = tool_registry.step_cap_refusal(index) or budget.refuse_tool_call()
+    if refusal is not None:
+        return refusal, True
+    if stop.is_set():
+        return "error: not run: the run was stopped", True
+    rule, note = gate.verdict(call["id"], name)
+    if rule == ASK:
+        raise AwaitingApproval({"tool_call_id": call["id"], "name": name, "args": args})
+    if rule == DENY and call["id"] in gate.decisions:
+        said = f"; their note: {note}" if note else ""
+        return f"error: not run: a person denied this call of {name}{said}", True
+    if rule == DENY:
+        return f"error: no tool named {name!r} is available", True
+    if mcp_tools.owns(name):
+        work = mcp_tools.call_tool(name, args)
+    else:
+        work = tool_registry.run_tool(name, args, call_index=index)
+    # A tool process is killed, an MCP request abandoned.
+    answer = await unless_stopped(work, stop)
+    if answer is None:
+        return "error: stopped: the run was stopped while the tool ran", True
+    return answer
+
+
+async def unless_stopped(work: Awaitable[T], stop: asyncio.Event) -> T | None:
+    """`work`'s result, or None once `stop` is set first (`work` is cancelled)."""
+    task = asyncio.ensure_future(work)
+    stopped = asyncio.ensure_future(stop.wait())
+    try:
+        await asyncio.wait({task, stopped}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        stopped.cancel()
+        if not task.done():
+            task.cancel()
+            await asyncio.wait({task})
+    return None if task.cancelled() else task.result()
