@@ -39,3 +39,16 @@ def spin_after_marker(args: dict[str, Any]) -> None:
         marker.write("running")
     while True:
         pass
+
+
+def wait_for_release(args: dict[str, Any]) -> str:
+    """Writes ``args["marker"]`` (so a test knows it runs), then answers once
+    the file ``args["release"]`` exists: a tool step the test ends at will."""
+    import os
+    import time
+
+    with open(args["marker"], "w") as marker:
+        marker.write("running")
+    while not os.path.exists(args["release"]):
+        time.sleep(0.01)
+    return "released"

@@ -12,11 +12,14 @@ import json
 import signal
 
 import httpx
+import pytest
 from django.core.management import call_command
 
+from chat import tools
 from chat.models import ChatSession, Message, PendingMessage, Turn
 from chat.snapshot import run_snapshot
 from chat.worker import Worker
+from hermes_testing import tool_doubles
 from hermes_testing.api import (
     decide,
     event_types,
@@ -155,6 +158,54 @@ def test_steer_lands_after_the_tool_step_and_every_reader_sees_it_once(
         f"{server.url}/api/sessions/{session_id}/messages/", headers=alice[1]
     ).json()["results"]
     assert [m["steer"] for m in messages if m["role"] == "user"] == [False, True]
+
+
+@pytest.fixture
+def gated_tool(settings, tmp_path):
+    """A built-in tool `gated` that runs until the test lets it answer:
+    (the file it writes when it runs, the file that lets it answer)."""
+    tools.register(
+        tools.Tool(name="gated", description="", func=tool_doubles.wait_for_release)
+    )
+    settings.HERMES = {
+        **settings.HERMES,
+        "TOOLS": ["calculator", "gated"],
+        "TOOL_TIMEOUT_S": 300.0,  # only the test ends the call
+    }
+    yield tmp_path / "running", tmp_path / "release"
+    tools.unregister("gated")
+
+
+def test_a_steer_sent_while_a_tool_runs_lands_before_the_next_model_call(
+    server, alice, fake_llm, live_worker, gated_tool
+):
+    """No approval parks this run: it streams freely, and the steer typed
+    while its tool step runs lands at the boundary after that step."""
+    running, release = gated_tool
+    args = json.dumps({"marker": str(running), "release": str(release)})
+    fake_llm.push(
+        Reply(tool_calls=[{"id": "call_1", "name": "gated", "arguments": args}]),
+        Reply(text="Fini."),
+    )
+    session_id = new_session(server, alice[1])
+    run_id = start_run(server, alice[1], session_id, "use the tool")
+    wait_until(running.exists, timeout=60)
+    steered = _add(server, alice, session_id, "In French.", kind="steer", run_id=run_id)
+    assert steered.status_code == 201, steered.text
+    release.write_text("go")
+
+    events = stream(server, alice[1], run_id)
+    types = event_types(events)
+    assert types[:4] == ["start", "tool", "tool_complete", "steer"]
+    assert set(types[4:-1]) == {"token"} and types[-1] == "end"
+    assert events[-1][2]["status"] == "completed"
+    assert text_of(events) == "Fini."
+    (steer,) = [data for _, kind, data in events if kind == "steer"]
+    assert steer["pending_id"] == steered.json()["id"]
+    sent = fake_llm.requests[1].messages
+    assert sent[-2] == {"role": "tool", "tool_call_id": "call_1", "content": "released"}
+    assert sent[-1] == {"role": "user", "content": "In French."}
+    assert PendingMessage.objects.get(pk=steer["pending_id"]).state == "landed"
 
 
 def test_queued_messages_start_one_turn_each_after_the_run_ends(
