@@ -53,6 +53,7 @@ class RecordedRequest:
     status: int | None = None
     last_byte_at: float | None = None
     stall_at: float | None = None
+    held_at: float | None = None  # when a `hold_after_chunks` hold began
     #: When the connection that carried this request ended (either side).
     closed_at: float | None = None
     closed_by: str | None = None  # "client" or "server"
@@ -158,6 +159,10 @@ class FakeLLM:
         with self._cond:
             if not self._cond.wait_for(lambda: len(self._records) >= count, timeout):
                 raise TimeoutError(f"{len(self._records)} of {count} POSTs arrived")
+
+    def wait_held(self, index: int, timeout: float = 30.0) -> None:
+        """Block until request ``index`` waits at its reply's hold."""
+        self._wait(index, lambda r: r.held_at is not None, timeout, "hold")
 
     def wait_stalled(self, index: int, timeout: float = 5.0) -> None:
         """Block until request ``index`` has entered its stall."""
@@ -497,8 +502,9 @@ class _StreamWriter(PeerStream):
         due = schedule(
             map(self.paced, frames), self.reply.tokens_per_s, time.monotonic()
         )
+        chunks, held_s = 0, 0.0
         for frame, at in zip(frames, due, strict=True):
-            await self.until_due(at)
+            await self.until_due(at + held_s)
             if self.peer_closed.is_set():
                 return
             # Set before the write, so a client that read the frame finds it.
@@ -506,8 +512,21 @@ class _StreamWriter(PeerStream):
             self.sending(frame)
             self.writer.write(frame)
             await self.writer.drain()
+            chunks += self.paced(frame)
+            if chunks == self.reply.hold_after_chunks:
+                held_s += await self._held()
         if self.reply.stall_after_chars is not None:
             await self.stall()
+
+    async def _held(self) -> float:
+        """Wait for the reply's ``hold`` to be set (or the client to close);
+        the seconds it took, by which the rest of the pacing moves on."""
+        hold, began = self.reply.hold, time.monotonic()
+        assert hold is not None, "hold_after_chunks needs a hold event"
+        self.fake._update(self.rec, held_at=began)
+        while not hold.is_set() and not self.peer_closed.is_set():
+            await asyncio.sleep(0.01)  # a threading.Event, set by the test
+        return time.monotonic() - began
 
     def sending(self, frame: bytes) -> None:
         """Called just before each frame is written (benchmarks time frames here)."""

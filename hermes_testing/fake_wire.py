@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,10 @@ class Reply:
     #: Send this many chars, then ``data: {not json``, then close.
     malformed_after_chars: int | None = None
     finish_reason: str | None = None  # None: "tool_calls" if tool calls, else "stop"
+    #: After this many chunks, send nothing more until ``hold`` is set (the
+    #: test's "now go on"): a run that streams for as long as a test needs.
+    hold_after_chunks: int | None = None
+    hold: threading.Event | None = None
 
 
 @dataclass(frozen=True)

@@ -8,6 +8,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -229,6 +230,21 @@ def test_stall_holds_the_socket_until_the_client_closes(fake):
     sock.close()
     assert fake.wait_closed(0, timeout=2) < 1.0
     assert fake.requests[0].closed_by == "client"
+
+
+def test_a_hold_streams_its_chunks_then_waits_for_the_test(fake):
+    go_on = threading.Event()
+    fake.push(Reply(text="Hello world", chunk_chars=1, hold_after_chunks=6, hold=go_on))
+    sock, _ = raw_exchange(fake.port, STREAM_BODY)
+    with sock:
+        received = b""
+        fake.wait_held(0)  # the role frame and five characters are out
+        while content_of(received) != "Hello":
+            received += sock.recv(65536)
+        assert fake.requests[0].closed_at is None
+        go_on.set()
+        received += read_to_eof(sock)
+    assert content_of(received) == "Hello world"
 
 
 def test_malformed_chunk_then_close(fake):

@@ -9,6 +9,8 @@ seq 0 instead (`afterSeq = 0` in `ChatController.#attach`), the second-tab and
 eight-tab tests fail on the doubled text; they passed with it before.
 """
 
+import threading
+
 import pytest
 from django.http import JsonResponse
 from playwright.sync_api import expect
@@ -68,13 +70,23 @@ def test_second_tab_opened_mid_run_shows_the_same_final_text(open_page, alice, m
         expect(page.get_by_test_id("assistant-turn")).to_have_count(2)
 
 
+def _held(text: str, go_on: threading.Event, *, after_chunks: int, **pace) -> Reply:
+    """A reply that streams `after_chunks` chunks, then waits for `go_on`."""
+    return Reply(
+        text=text, chunk_chars=4, hold_after_chunks=after_chunks, hold=go_on, **pace
+    )
+
+
 def test_eight_tabs_share_one_run_stream_and_one_notification_stream(
     open_page, alice, model, stream_meter
 ):
     """Eight tabs of one browser follow a slow run to its exact end on two
     streaming connections: the SharedWorker's notification stream and its one
     stream of the run (a browser allows six per host; sixteen would hang)."""
-    model.push(Reply(text=ANSWER * 2, tokens_per_s=8, chunk_chars=4))
+    # The model holds after ten chunks until all eight tabs have joined, so
+    # each joins mid-run however long opening a tab takes.
+    all_joined = threading.Event()
+    model.push(_held(ANSWER * 2, all_joined, after_chunks=10, tokens_per_s=20))
     first = open_page(alice[0])
     send(first, "eight tabs")
     wait_streaming_text(first, 10)
@@ -86,6 +98,7 @@ def test_eight_tabs_share_one_run_stream_and_one_notification_stream(
         tabs.append(tab)
     run = Run.objects.get(owner=alice[0])
     assert not Run.objects.get(pk=run.pk).is_terminal  # all eight joined mid-run
+    all_joined.set()
     for tab in tabs:
         assert wait_settled(tab) == run.pk
         assert_saw_exact(seen(tab, run.pk), run.pk)
@@ -120,7 +133,9 @@ def test_tab_closed_mid_run_leaves_the_others_streaming(
     `bye`) and the last two leave the run for a blank new chat: the worker
     closes the run's stream at once while the run goes on, and a tab coming
     back resumes from its cursor."""
-    model.push(Reply(text=ANSWER, tokens_per_s=15, chunk_chars=4))
+    # Each run holds (`_held`) until the tabs have done what happens mid-run.
+    first_closed = threading.Event()
+    model.push(_held(ANSWER, first_closed, after_chunks=8, tokens_per_s=15))
     first = open_page(alice[0])
     send(first, "close me")
     wait_streaming_text(first, 20)
@@ -129,13 +144,15 @@ def test_tab_closed_mid_run_leaves_the_others_streaming(
     for tab in others:
         expect(last_turn(tab)).to_have_attribute("data-streaming", "true")
     first.close()
+    first_closed.set()
     for tab in others:
         run_id = wait_settled(tab)
         assert_saw_exact(seen(tab, run_id), run_id)
         expect(last_turn(tab).get_by_test_id("assistant-text")).to_have_text(ANSWER)
     assert stream_meter.peak_runs == 1
 
-    model.push(Reply(text=LONG, tokens_per_s=10, chunk_chars=4))
+    all_left = threading.Event()
+    model.push(_held(LONG, all_left, after_chunks=6, tokens_per_s=10))
     send(others[0], "leave it running")
     wait_until(lambda: Run.objects.filter(owner=alice[0]).count() == 2)
     run = Run.objects.filter(owner=alice[0]).latest("created_at")
@@ -150,6 +167,7 @@ def test_tab_closed_mid_run_leaves_the_others_streaming(
     wait_until(lambda: stream_meter.runs == 0, timeout=5)
     assert not Run.objects.get(pk=run.pk).is_terminal
     assert stream_meter.notes == 1
+    all_left.set()
     back = others[1]
     back.get_by_test_id("session-link").first.click()
     wait_settled(back)
