@@ -52,7 +52,7 @@ def test_an_error_outside_the_views_is_a_503_not_a_500(
 
 def _limit_exceeded(*args, **kwargs):
     error = OperationalError("index row requires 1200000 bytes, maximum size is 8191")
-    error.sqlstate = "54000"  # type: ignore[attr-defined]  # program limit exceeded
+    error.sqlstate = "54000"  # program limit exceeded
     raise error
 
 
