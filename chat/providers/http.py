@@ -133,6 +133,17 @@ class HTTPProvider:
             headers["Authorization"] = f"Bearer {self.api_key}"
         return headers
 
+    def discard(self) -> None:
+        """Forget the pooled connections from any thread: closed on the loop
+        that made them if it still runs, else let go without a warning."""
+        client, loop, self._http = self._http, self._http_loop, None
+        if client is None or client.closed:
+            return
+        if loop is not None and loop.is_running():
+            asyncio.run_coroutine_threadsafe(client.close(), loop)
+        else:
+            client.detach()
+
     async def aclose(self) -> None:
         """Close pooled connections (only possible from the loop that made them)."""
         client, self._http = self._http, None

@@ -383,6 +383,10 @@ def active_requests() -> int:
 
 def reset() -> None:
     """Forget built providers and model listings (settings changed: tests, reloads)."""
+    for provider in _providers.values():
+        discard = getattr(provider, "discard", None)  # the demo holds no connections
+        if discard is not None:
+            discard()
     _providers.clear()
     with _listings_lock:
         _listings.clear()

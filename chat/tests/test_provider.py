@@ -257,6 +257,22 @@ def test_list_models_and_auth_failure(fake):
     assert models == ["fake-model"] and error.category == "auth"
 
 
+def test_reset_closes_pooled_connections_on_the_loop_that_made_them(fake_llm, server):
+    """Settings changed (`registry.reset`) from another thread: the provider's
+    pool, made on the server's loop, is closed there, not left to the
+    garbage collector's "Unclosed client session"."""
+    from chat.providers import registry
+    from hermes_testing.harness import wait_until
+
+    provider = registry.get_provider("openai")
+    assert server.call(provider.list_models()) == ["fake-model", "other-model"]
+    client = provider._http
+    assert client is not None and not client.closed
+    registry.reset()
+    wait_until(lambda: client.closed, timeout=30)
+    assert registry.get_provider("openai") is not provider
+
+
 def test_client_is_built_lazily_and_key_never_shown():
     provider = OpenAIProvider("p", "http://127.0.0.1:9/v1", "sk-secret")
     assert provider._http is None  # nothing connects at construction
