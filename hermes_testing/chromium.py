@@ -20,7 +20,7 @@ from pathlib import Path
 
 from playwright.sync_api import Browser, BrowserContext, Error, Playwright
 
-CLOSE_BOUND_S = 60.0
+CLOSE_BOUND_S = 30.0
 
 
 class BoundedChromium:
