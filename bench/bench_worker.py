@@ -231,6 +231,9 @@ async def _main(args, env, token, sweep: list[int], whatif: bool = False) -> lis
         OPENAI_BASE_URL=fake.base_url,
         HERMES_DEFAULT_MODEL="fake-model",
         HERMES_WORKER_CONCURRENCY=str(max(sweep)),
+        # Each chat's first answer queues a title run (a model request of its
+        # own): off, so the sweep measures the runs it names and no others.
+        HERMES_TITLES="false",
     )
     procs = {}
 

@@ -145,16 +145,31 @@ def pending_cancel(*, session: ChatSession, pending_id: int) -> PendingMessage:
     return item
 
 
-def deliver_next(*, run_id: str) -> str | None:
-    """Inside the transaction that ended run `run_id`: start the session's
+def deliver_next(*, run_id: str, session_id: int | None = None) -> str | None:
+    """In the transaction that journals run `run_id`'s end: start the session's
     next turn from its oldest pending message (rule 1). Returns the new
-    run's id, or None. Steers of the run that did not land become queued."""
-    turn = Turn.objects.filter(run_id=run_id).first()
-    if turn is None:  # not a chat turn (a title run)
+    run's id, or None. Steers of the run that did not land become queued.
+
+    `session_id` (the worker knows it) saves looking it up. Most runs end
+    with nothing pending: the session's lock and one indexed look settle
+    that, before anything else is read.
+    """
+    if session_id is None:
+        session_id = (
+            Turn.objects.filter(run_id=run_id)
+            .values_list("session_id", flat=True)
+            .first()
+        )
+        if session_id is None:  # not a chat turn (a title run)
+            return None
+    # The lock first: a `pending_add` committing now is seen by the look below.
+    locked = ChatSession.objects.select_for_update().filter(pk=session_id)
+    if not list(locked.values_list("pk", flat=True)):
         return None
-    session = ChatSession.objects.select_for_update().filter(pk=turn.session_id).first()
-    if session is None:
+    if not PendingMessage.objects.filter(session_id=session_id, state=PENDING).exists():
         return None
+    turn = Turn.objects.get(run_id=run_id)
+    session = ChatSession.objects.get(pk=session_id)
     unlanded = PendingMessage.objects.filter(run_id=run_id, kind=STEER, state=PENDING)
     converted = unlanded.update(kind=QUEUE, model=turn.model, provider=turn.provider)
     started = _start_oldest(session, model=turn.model, provider=turn.provider)
@@ -228,12 +243,12 @@ def deliver_stranded(*, limit: int = 20) -> list[str]:
     return started
 
 
-def deliver_after_end(run_id: str) -> str | None:
+def deliver_after_end(run_id: str, session_id: int | None = None) -> str | None:
     """`deliver_next` in a savepoint: a failure is logged and the run's end
     stands (the message stays pending, shown and cancellable)."""
     try:
         with transaction.atomic():
-            return deliver_next(run_id=run_id)
+            return deliver_next(run_id=run_id, session_id=session_id)
     except Exception:
         log.exception("starting the queued message failed after run_id=%s", run_id)
         return None

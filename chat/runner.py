@@ -321,7 +321,7 @@ def _finish(
         Turn.objects.filter(run_id=claim.run_id).update(**turn_fields)
         if end_payload["status"] == Run.Status.COMPLETED:
             titles.title_queue(session_id=session_id)  # after the first answer
-        pending.deliver_after_end(claim.run_id)  # the next queued message starts
+        pending.deliver_after_end(claim.run_id, session_id)  # the next queued one
         return records
 
 

@@ -12,7 +12,8 @@ After headers, :meth:`HTTPProvider.sse_events` raises every fault as a
 :class:`ProviderError` with ``during_stream=True``, ``retryable=True``, and
 never retries it:
 
-- no byte for ``idle_timeout`` → ``timeout`` (reason ``idle timeout``)
+- no byte for ``idle_timeout`` (:class:`IdleWatch`) → ``timeout`` (reason
+  ``idle timeout``)
 - body cut (fewer bytes than ``Content-Length``, a chunked body that ends
   early) → ``network``, reason ``body cut``; undecodable compressed bytes →
   ``network``, reason ``decode error``; any other transport fault → ``network``,
@@ -285,6 +286,7 @@ class HTTPProvider:
         ``data`` line is skipped, as EventSource does.
         """
         decoder = SSEDecoder()
+        watch = IdleWatch(response, self.idle_timeout)
         try:
             async for chunk in response.content.iter_any():
                 for event in decoder.feed(chunk):
@@ -312,6 +314,65 @@ class HTTPProvider:
                 during_stream=True,
                 reason=reason,
             ) from exc
+        finally:
+            watch.cancel()
+
+
+class IdleWatch:
+    """The idle timeout of one streamed body: no byte for ``timeout`` seconds
+    fails the body's next read with aiohttp's own read-timeout error.
+
+    aiohttp's ``sock_read`` timeout re-arms a loop timer on every read (a
+    cancelled timer and a new one per chunk: about a tenth of a busy worker's
+    CPU with hundreds of one-token streams, docs/benchmarks.md). This watch
+    takes over once the headers are in: a timer a quarter of the timeout
+    apart compares the body's byte count with its last look, so a stall is
+    caught between ``timeout`` and 1.25 × ``timeout`` after the last byte,
+    and a read costs nothing.
+    """
+
+    __slots__ = (
+        "_content",
+        "_timeout",
+        "_period",
+        "_loop",
+        "_handle",
+        "_seen",
+        "_since",
+    )
+
+    def __init__(self, response: aiohttp.ClientResponse, timeout: float) -> None:
+        connection = response.connection
+        if connection is not None and connection.protocol is not None:
+            connection.protocol.read_timeout = (
+                None  # its armed timer ends at the next read
+            )
+        self._content = response.content
+        self._timeout = timeout
+        self._period = timeout / 4
+        self._loop = asyncio.get_running_loop()
+        self._seen = self._content.total_bytes
+        self._since = self._loop.time()
+        self._handle: asyncio.TimerHandle | None = self._loop.call_later(
+            self._period, self._check
+        )
+
+    def _check(self) -> None:
+        now = self._loop.time()
+        if self._content.total_bytes != self._seen:
+            self._seen, self._since = self._content.total_bytes, now
+        elif now - self._since >= self._timeout - self._period / 100:
+            self._handle = None
+            self._content.set_exception(
+                aiohttp.SocketTimeoutError("Timeout on reading data from socket")
+            )
+            return
+        self._handle = self._loop.call_later(self._period, self._check)
+
+    def cancel(self) -> None:
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
 
 
 class SSEDecoder:
