@@ -195,6 +195,7 @@ def _analyse(labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup
         "max_ms": max(latencies, default=float("nan")),
         "samples": len(latencies),
         "p50_ms_by_token_decile": [round(common.pct(d, 50), 1) for d in by_decile],
+        "p99_ms_by_token_decile": [round(common.pct(d, 99), 1) for d in by_decile],
         "fake_pace_median": statistics.median(paces) if paces else float("nan"),
         "fake_pace_min": min(paces, default=float("nan")),
         "rows": journal["rows"],
@@ -212,12 +213,13 @@ def _analyse(labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup
     }
 
 
-# Proposed fixes measured as a second sweep (NOT product code: bench/whatif.py);
-# none pending (the last one, `writer-threads:8`, was overtaken by group commit).
-WHATIF: dict[str, str] = {}
+# The build durability is measured against: the same worker and readers, the
+# streamed events published without being stored (bench/whatif.py, NOT product
+# code).
+PASS_THROUGH = "pass-through"
 
 
-async def _main(args, env, token, sweep: list[int], whatif: bool = False) -> list[dict]:
+async def _main(args, env, token, sweep: list[int], patch: str = "") -> list[dict]:
     """One server (and worker) for every concurrency of `sweep`, in order."""
     fake = common.FakeModel(env)
     text, chunk = token_text(TOKENS)
@@ -236,21 +238,22 @@ async def _main(args, env, token, sweep: list[int], whatif: bool = False) -> lis
         HERMES_TITLES="false",
     )
     procs = {}
-
-    def patched(role: str) -> dict:
-        if not whatif:
-            return server_env
-        return server_env | {
-            "HERMES_WHATIF": WHATIF.get(role, ""),
+    # The process that runs the worker gets the patch; daphne stores nothing.
+    patched = server_env | (
+        {
+            "HERMES_WHATIF": patch,
             "HERMES_BENCH_MANAGE": str(common.BENCH_DIR / "whatif.py"),
         }
+        if patch
+        else {}
+    )
 
     try:
         if args.backend == "embedded":
-            procs["serve"] = common.serve(patched("serve"), port)
+            procs["serve"] = common.serve(patched, port)
         else:
             procs["daphne"] = common.daphne(server_env, port)
-            procs["worker"] = common.worker(patched("worker"), max(sweep))
+            procs["worker"] = common.worker(patched, max(sweep))
         out = []
         for runs in sweep:
             result = await _measure(args, fake, port, token, procs, runs)
@@ -318,28 +321,63 @@ def _held(results: list[dict]) -> str:
     )
 
 
+def _durability(stored: list[dict], through: list[dict]) -> str:
+    def added(a: float, b: float) -> str:
+        return f"{(a - b) / b:+.0%}" if b else "n/a"
+
+    rows = [
+        [
+            s["runs"],
+            s["p50_ms"],
+            t["p50_ms"],
+            added(s["p50_ms"], t["p50_ms"]),
+            s["p99_ms"],
+            t["p99_ms"],
+            added(s["p99_ms"], t["p99_ms"]),
+            s["lost"] + s["duplicated"] + t["lost"] + t["duplicated"],
+        ]
+        for s, t in zip(stored, through, strict=True)
+    ]
+    return common.md_table(
+        [
+            "runs at once",
+            "p50 ms, journal",
+            "p50 ms, pass-through",
+            "added",
+            "p99 ms, journal",
+            "p99 ms, pass-through",
+            "added",
+            "lost + duplicated",
+        ],
+        rows,
+    )
+
+
 def run(args):
     env = common.child_env()
     _, token = common.make_user("worker-bench")
     common.close_db()
     sweep = [200] if args.quick else [25, 50, 100, 150, 200]
     results = asyncio.run(_main(args, env, token, sweep))
-    whatif = None
-    if not args.quick and args.backend == "scaleout" and WHATIF:
-        whatif = asyncio.run(_main(args, env, token, sweep, whatif=True))
+    through = None
+    if not args.quick or args.durability:
+        through = asyncio.run(_main(args, env, token, sweep, patch=PASS_THROUGH))
     r = results[-1]
     served_by = "serve" if args.backend == "embedded" else "worker"
     ok = r["completed"] == r["runs"] and r["p99_ms"] < 150
-    patches = "; ".join(f"{role}: `{patch}`" for role, patch in WHATIF.items())
-    whatif_text = (
+    durability = (
         ""
-        if whatif is None
+        if through is None
         else f"""
 
-What-if, NOT product code: the same sweep with proposed fixes patched in at
-start-up by `bench/whatif.py` ({patches}); {_held(whatif)}:
+What durability costs: the same sweep on a pass-through build, run after it
+on a server of its own: the same worker and readers, but the committer's
+appends store nothing (`bench/whatif.py`, `{PASS_THROUGH}`: seqs counted in
+memory, the records published as committed ones are, after the same hand-off
+to the writer thread; NOT product code). "added" is the journal's latency
+over the pass-through's.
 
-{_table(whatif, served_by)}"""
+{_durability(results, through)}"""
     )
     markdown = f"""{_table(results, served_by)}
 
@@ -358,8 +396,9 @@ open to the last reader's `end`; a Python process cannot use more than one core
 for this work (one event loop plus the journal's writer thread, under one GIL).
 This machine is shared with other work: the 1-minute load average before and
 after is in the line above; CPU per 1,000 tokens is the steadier figure.
-{whatif_text}"""
-    return markdown, {"sweep": results, "whatif": whatif}
+Title runs are off (`HERMES_TITLES=false`): each new chat's first answer would
+queue one more model request of its own.{durability}"""
+    return markdown, {"sweep": results, "pass_through": through}
 
 
 def _details(r: dict) -> str:
@@ -369,6 +408,7 @@ def _details(r: dict) -> str:
     )
     per_k = ", ".join(f"{k} {v:.0f} ms" for k, v in r["cpu_ms_per_1k_tokens"].items())
     deciles = " / ".join(f"{x:.0f}" for x in r["p50_ms_by_token_decile"])
+    deciles99 = " / ".join(f"{x:.0f}" for x in r.get("p99_ms_by_token_decile", []))
     rss = ", ".join(f"{k} {v} MiB" for k, v in r["rss_mib"].items())
     return f"""At {r["runs"]} runs: the fake model kept a median pace of
 {r["fake_pace_median"]:.1f} tokens/s per run (slowest {r["fake_pace_min"]:.1f});
@@ -376,9 +416,16 @@ def _details(r: dict) -> str:
 {TOKENS / RATE:.0f} s). Journal: {r["rows"]:,} rows (token chunks, usage, end) in
 {r["rows_span_s"]:.1f} s. CPU in that window: {cpu}; per 1,000 tokens: {per_k}
 ("client" is this bench process with its {r["readers"]} readers, "fake" the model).
-Token latency p50 by tenth of the reply (ms): {deciles}. Peak RSS: {rss}. Setup
-(sessions, runs, readers attached) took {r["setup_s"]:.1f} s and is not measured."""
+Token latency by tenth of the reply (ms), p50: {deciles}; p99: {deciles99}.
+Peak RSS: {rss}. Setup (sessions, runs, readers attached) took
+{r["setup_s"]:.1f} s and is not measured."""
 
 
 if __name__ == "__main__":
-    common.bench_main("worker", run, argparse.ArgumentParser(description=__doc__))
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument(
+        "--durability",
+        action="store_true",
+        help="with --quick: also the pass-through build (the full sweep always does)",
+    )
+    common.bench_main("worker", run, parser)

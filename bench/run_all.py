@@ -103,9 +103,14 @@ def _cells(backend: str) -> dict[str, str]:
             out["worker"] += "; p99 at " + ", ".join(
                 f"{c['runs']} runs {c['p99_ms']:,.0f} ms" for c in r["sweep"][:-1]
             )
-        if w := r.get("whatif"):
-            out["worker"] += "; what-if p99 " + ", ".join(
-                f"{c['runs']}: {c['p99_ms']:,.0f} ms" for c in w
+        if through := r.get("pass_through"):
+            out["durability"] = (
+                "; ".join(
+                    f"{s['runs']} runs: p50 {s['p50_ms']:,.0f} vs {t['p50_ms']:,.0f}, "
+                    f"p99 {s['p99_ms']:,.0f} vs {t['p99_ms']:,.0f} ms"
+                    for s, t in zip(r["sweep"], through, strict=True)
+                )
+                + " (journal vs pass-through)"
             )
     return out
 
@@ -143,7 +148,7 @@ def summary(backends: list[str], timings: list[str], quick: bool) -> str:
         row = [what, target]
         for b in backends:
             if key == "durability":
-                row.append("not measured (see Findings)")
+                row.append(cells[b].get(key, "not run (the worker sweep measures it)"))
             else:
                 result = _load(key, b)
                 scaled = " (`--quick`)" if result and result.get("quick") else ""

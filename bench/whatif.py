@@ -9,6 +9,14 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `switch-interval:S`: `sys.setswitchinterval(S)` (CPython's default is 0.005 s):
   how long a thread that waited on I/O (the writer, after each database round
   trip) may wait for the event loop's thread to hand the GIL back.
+- `pass-through`: the build durability is measured against. The committer's
+  appends (`append_many`) write nothing after a run's first batch (its
+  `start`, stored): each run's seqs are counted in memory from there and the
+  records are published as the product publishes committed ones, after the
+  same hand-off to the writer thread.
+  A run's `end` (`append`, in `chat.runner`) first sets the run's `last_seq`
+  to where the counting got, so the end follows on; only the streamed
+  events are not stored.
 
 Used two ways: `python bench/whatif.py <manage.py arguments>` (a stand-in for
 `manage.py`, see `HERMES_BENCH_MANAGE` in common.py) and
@@ -44,6 +52,51 @@ def bounded_read_after(*, run_id: str, after_seq: int, limit: int = 2000):
         return [Record(*row) for row in cursor.fetchall()]
 
 
+def pass_through() -> None:
+    import chat.runner
+    import chat.writer
+    from journal.models import Run
+    from journal.store import Record, append, encode
+
+    stored_append_many = chat.writer.append_many
+    seqs: dict[str, int] = {}  # run id -> its last seq, counted here
+
+    def append_many(batches):
+        # A run's first batch (its `start`) is stored: readers attached before
+        # it fill their gap from the journal.
+        first = [b for b in batches if b[0] not in seqs]
+        stored = (
+            dict(zip([b[0] for b in first], stored_append_many(first), strict=True))
+            if first
+            else {}
+        )
+        out = []
+        for run_id, _token, events in batches:
+            if run_id in stored:
+                result = stored[run_id]
+                if isinstance(result, list):
+                    seqs[run_id] = result[-1].seq
+                out.append(result)
+                continue
+            last = seqs[run_id]
+            out.append(
+                [
+                    Record(last + i, kind, encode(payload))
+                    for i, (kind, payload) in enumerate(events, start=1)
+                ]
+            )
+            seqs[run_id] = last + len(events)
+        return out
+
+    def append_following_on(*, run_id, token, events, run_fields=None):
+        if run_id in seqs:
+            Run.objects.filter(id=run_id).update(last_seq=seqs.pop(run_id))
+        return append(run_id=run_id, token=token, events=events, run_fields=run_fields)
+
+    chat.writer.append_many = append_many
+    chat.runner.append = append_following_on
+
+
 def apply() -> set[str]:
     """Patch the wanted changes into the loaded product modules (Django set up)."""
     names = wanted()
@@ -64,6 +117,8 @@ def apply() -> set[str]:
             chat.snapshot,
         ):
             vars(module)["read_after"] = bounded_read_after
+    if "pass-through" in names:
+        pass_through()
     for name in names:
         if name.startswith("switch-interval:"):
             sys.setswitchinterval(float(name.split(":")[1]))

@@ -256,7 +256,7 @@ class _Committer:
                 self._recovered()
                 return
             batches = [(w.run_id, w.token, w.take()) for w in writers]
-            results = await dbpool.writers.run(append_many, batches)
+            results = await dbpool.writers.first(append_many, batches)
         except Exception as exc:
             if dbpool.is_connection_error(exc):
                 self._retry(writers, exc)

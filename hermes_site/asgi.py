@@ -26,6 +26,7 @@ from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 from chat.routing import websocket_urlpatterns  # noqa: E402
 from chat.ws_security import origin_checked  # noqa: E402
 from hermes_site.backpressure import SSEFlow  # noqa: E402
+from hermes_site.heap import freeze_startup_heap  # noqa: E402
 
 STREAM_PATHS = re.compile(r"^/api/(runs/[^/]+/events|stream)/$")
 _stream_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hermes-streams")
@@ -54,6 +55,7 @@ def warm_up() -> None:
     resolver.resolve("/api/runs/warm-up/events/")
     get_channel_layer()
     _stream_thread.submit(lambda: None).result()  # the shared thread, started
+    freeze_startup_heap()
 
 
 warm_up()

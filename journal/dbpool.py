@@ -23,6 +23,7 @@ the run over (`journal.leases`).
 
 import asyncio
 import contextvars
+import itertools
 import logging
 import queue
 import threading
@@ -47,6 +48,7 @@ PING_IDLE_S = 1.0  # a connection idle this long is checked before it is used
 SLOW_JOB_S = 5.0  # a job this slow counts as trouble too (a frozen server)
 
 _STOP = object()
+_FIRST, _RUN, _LAST = 0, 1, 2  # ranks of a pool's queue
 _trouble_at: float | None = None  # time.monotonic() of the last trouble
 
 
@@ -107,7 +109,9 @@ class DBPool:
         # Run a job again on a fresh connection after a connection error:
         # only for pools whose jobs are reads.
         self.retry_once = retry_once
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        # (rank, order, job): `first` jobs before queued `run` jobs, each in order.
+        self._queue: queue.PriorityQueue = queue.PriorityQueue()
+        self._order = itertools.count()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
 
@@ -125,7 +129,7 @@ class DBPool:
     def _work(self) -> None:
         done_at = time.monotonic()
         while True:
-            item = self._queue.get()
+            _rank, _order, item = self._queue.get()
             if item is _STOP:
                 connections.close_all()
                 return
@@ -160,11 +164,21 @@ class DBPool:
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         """Run `fn(*args, **kwargs)` on a pool thread and await its result."""
+        return await self._submit(_RUN, fn, args, kwargs)
+
+    async def first(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """`run`, ahead of the jobs queued by `run`: the journal's committer,
+        whose one batch carries every streaming run's text, must not wait
+        behind a queue of single runs' ends (docs/benchmarks.md)."""
+        return await self._submit(_FIRST, fn, args, kwargs)
+
+    async def _submit(self, rank: int, fn: Callable[..., T], args, kwargs) -> T:
         self._start()
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         # The caller's context travels along, so log lines name the run.
-        self._queue.put((fn, args, kwargs, future, loop, contextvars.copy_context()))
+        job = (fn, args, kwargs, future, loop, contextvars.copy_context())
+        self._queue.put((rank, next(self._order), job))
         return await future
 
     def shutdown(self) -> None:
@@ -172,7 +186,7 @@ class DBPool:
         with self._lock:
             threads, self._threads = self._threads, []
             for _ in threads:
-                self._queue.put(_STOP)
+                self._queue.put((_LAST, next(self._order), _STOP))
         for thread in threads:
             thread.join(timeout=10)
 

@@ -22,6 +22,7 @@ from django.core.management.base import BaseCommand
 
 from chat.supervisor import Supervisor
 from chat.worker import Worker
+from hermes_site.heap import freeze_startup_heap
 from journal import dbpool, metrics
 
 
@@ -71,6 +72,7 @@ class Command(BaseCommand):
         if metrics_port is not None:
             port = metrics.serve(metrics_port, metrics_host)
             self.stdout.write(f"metrics at http://{metrics_host}:{port}/metrics")
+        freeze_startup_heap()
         asyncio.run(self._main(concurrency, grace))
         dbpool.shutdown()
 
