@@ -1,4 +1,4 @@
-"""Start-up's objects are kept out of the collector's full passes (hermes_site/heap.py)."""
+"""Start-up's objects stay out of full collections (hermes_site/heap.py)."""
 
 import gc
 
