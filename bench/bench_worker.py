@@ -89,13 +89,17 @@ def _journal(run_ids: list[str]) -> dict:
     }
 
 
-async def _measure(args, fake, port: int, token: str, procs: dict, runs: int) -> dict:
+async def _measure(
+    args, fake, ports: list[int], token: str, procs: dict, runs: int
+) -> dict:
+    """One step of the sweep; a run's readers go to `ports` in turn."""
     t_setup = time.monotonic()
     posts0 = fake.command("wait", 0, 0)["posts"]
-    labels = await _start_runs(port, token, runs, f"c{runs}")
+    labels = await _start_runs(ports[0], token, runs, f"c{runs}")
     readers: dict[str, list] = {}
     tasks = []
-    for label, run_id in labels.items():
+    for i, (label, run_id) in enumerate(labels.items()):
+        port = ports[i % len(ports)]
         rs, ts = await common.start_readers(port, token, run_id, READERS_PER_RUN)
         readers[label] = rs
         tasks += ts
@@ -248,15 +252,22 @@ async def _main(args, env, token, sweep: list[int], patch: str = "") -> list[dic
         else {}
     )
 
+    ports = [port]
     try:
         if args.backend == "embedded":
             procs["serve"] = common.serve(patched, port)
         else:
-            procs["daphne"] = common.daphne(server_env, port)
-            procs["worker"] = common.worker(patched, max(sweep))
+            # Scale-out: `daphnes` web processes and `workers` worker processes,
+            # each worker taking at most its share of the largest step.
+            ports += [common.free_port() for _ in range(args.daphnes - 1)]
+            for i, web_port in enumerate(ports):
+                procs[_name("daphne", i)] = common.daphne(server_env, web_port)
+            share = -(-max(sweep) // args.workers)
+            for i in range(args.workers):
+                procs[_name("worker", i)] = common.worker(patched, share)
         out = []
         for runs in sweep:
-            result = await _measure(args, fake, port, token, procs, runs)
+            result = await _measure(args, fake, ports, token, procs, runs)
             result["rss_mib"] = {
                 name: round(p.hwm_kib() / 1024, 1) for name, p in procs.items()
             }
@@ -268,6 +279,10 @@ async def _main(args, env, token, sweep: list[int], patch: str = "") -> list[dic
         for p in procs.values():
             p.stop()
         fake.stop()
+
+
+def _name(role: str, i: int) -> str:
+    return role if i == 0 else f"{role}{i + 1}"
 
 
 def _table(results: list[dict], served_by: str) -> str:
@@ -318,6 +333,15 @@ def _held(results: list[dict]) -> str:
         f"largest concurrency measured with p99 < 150 ms: {max(held)} runs"
         if held
         else "no concurrency measured had p99 < 150 ms"
+    )
+
+
+def add_topology(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--daphnes", type=int, default=1, help="scale-out: web processes"
+    )
+    parser.add_argument(
+        "--workers", type=int, default=1, help="scale-out: worker processes"
     )
 
 
@@ -423,6 +447,7 @@ Peak RSS: {rss}. Setup (sessions, runs, readers attached) took
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__)
+    add_topology(parser)
     parser.add_argument(
         "--durability",
         action="store_true",
