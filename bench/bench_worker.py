@@ -137,6 +137,8 @@ async def _measure(
     for p in profilers:
         p.stop()
     fake.command("gate", "close")
+    for task in tasks:  # readers still waiting after the bound are given up on
+        task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     sent = {
         r["marker"]: {int(k): v for k, v in r["sent"].items()}
@@ -396,10 +398,10 @@ def run(args):
 
 What durability costs: the same sweep on a pass-through build, run after it
 on a server of its own: the same worker and readers, but the committer's
-appends store nothing (`bench/whatif.py`, `{PASS_THROUGH}`: seqs counted in
-memory, the records published as committed ones are, after the same hand-off
-to the writer thread; NOT product code). "added" is the journal's latency
-over the pass-through's.
+appends store nothing after a run's first batch (`bench/whatif.py`,
+`{PASS_THROUGH}`: seqs counted in memory, the records published as committed
+ones are, after the same hand-off to the writer thread; NOT product code).
+"added" is the journal's latency over the pass-through's.
 
 {_durability(results, through)}"""
     )
