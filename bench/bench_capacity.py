@@ -43,7 +43,7 @@ def _cpu_table(results: list[dict]) -> str:
 
 
 def _limit(results: list[dict]) -> str:
-    held = [c for c in results if c["p99_ms"] < 150 and c["completed"] == c["runs"]]
+    held = common.held(results)
     first_missed = next((c for c in results if c not in held), None)
     head = (
         f"largest step with p99 < 150 ms: {held[-1]['runs']} runs, "

@@ -328,9 +328,7 @@ def _table(results: list[dict], served_by: str) -> str:
 
 
 def _held(results: list[dict]) -> str:
-    held = [
-        c["runs"] for c in results if c["p99_ms"] < 150 and c["completed"] == c["runs"]
-    ]
+    held = [c["runs"] for c in common.held(results)]
     return (
         f"largest concurrency measured with p99 < 150 ms: {max(held)} runs"
         if held
@@ -390,7 +388,7 @@ def run(args):
         through = asyncio.run(_main(args, env, token, sweep, patch=PASS_THROUGH))
     r = results[-1]
     served_by = "serve" if args.backend == "embedded" else "worker"
-    ok = r["completed"] == r["runs"] and r["p99_ms"] < 150
+    ok = bool(common.held([r]))
     durability = (
         ""
         if through is None

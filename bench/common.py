@@ -745,3 +745,15 @@ def self_cpu_s() -> float:
     """CPU seconds of this process so far (user + system)."""
     t = os.times()
     return t.user + t.system
+
+
+# --- sweeps of runs (bench_worker, bench_capacity, run_all's summary) --------
+
+P99_TARGET_MS = 150  # token → reader, docs/architecture.md §9
+
+
+def held(steps: list[dict]) -> list[dict]:
+    """The steps of a sweep that completed every run within the p99 target."""
+    return [
+        c for c in steps if c["p99_ms"] < P99_TARGET_MS and c["completed"] == c["runs"]
+    ]

@@ -114,9 +114,7 @@ def _cells(backend: str) -> dict[str, str]:
                 + " (journal vs pass-through)"
             )
     if r := _load("capacity", backend):
-        held = [
-            c for c in r["sweep"] if c["p99_ms"] < 150 and c["completed"] == c["runs"]
-        ]
+        held = common.held(r["sweep"])
         out["capacity"] = (
             (
                 f"{held[-1]['runs']} runs, {held[-1]['readers']} live readers held p99 "

@@ -154,22 +154,19 @@ def deliver_next(*, run_id: str, session_id: int | None = None) -> str | None:
     with nothing pending: the session's lock and one indexed look settle
     that, before anything else is read.
     """
+    turn = None
     if session_id is None:
-        session_id = (
-            Turn.objects.filter(run_id=run_id)
-            .values_list("session_id", flat=True)
-            .first()
-        )
-        if session_id is None:  # not a chat turn (a title run)
+        turn = Turn.objects.filter(run_id=run_id).first()
+        if turn is None:  # not a chat turn (a title run)
             return None
+        session_id = turn.session_id
     # The lock first: a `pending_add` committing now is seen by the look below.
-    locked = ChatSession.objects.select_for_update().filter(pk=session_id)
-    if not list(locked.values_list("pk", flat=True)):
+    session = ChatSession.objects.select_for_update().filter(pk=session_id).first()
+    if session is None:
         return None
     if not PendingMessage.objects.filter(session_id=session_id, state=PENDING).exists():
         return None
-    turn = Turn.objects.get(run_id=run_id)
-    session = ChatSession.objects.get(pk=session_id)
+    turn = turn or Turn.objects.get(run_id=run_id)
     unlanded = PendingMessage.objects.filter(run_id=run_id, kind=STEER, state=PENDING)
     converted = unlanded.update(kind=QUEUE, model=turn.model, provider=turn.provider)
     started = _start_oldest(session, model=turn.model, provider=turn.provider)

@@ -158,6 +158,10 @@ class Provider(Protocol):
         """Release pooled connections."""
         ...
 
+    def discard(self) -> None:
+        """Let pooled connections go from any thread (settings changed)."""
+        ...
+
 
 # The system message of a title run (`chat.titles`); the demo provider knows it.
 TITLE_INSTRUCTION = (

@@ -48,6 +48,9 @@ class DemoProvider:
     async def aclose(self) -> None:
         return None
 
+    def discard(self) -> None:
+        return None  # no connections
+
     async def stream(
         self,
         model: str,

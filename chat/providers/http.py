@@ -344,9 +344,8 @@ class IdleWatch:
     def __init__(self, response: aiohttp.ClientResponse, timeout: float) -> None:
         connection = response.connection
         if connection is not None and connection.protocol is not None:
-            connection.protocol.read_timeout = (
-                None  # its armed timer ends at the next read
-            )
+            # aiohttp's timer, armed already, is dropped at the next read.
+            connection.protocol.read_timeout = None
         self._content = response.content
         self._timeout = timeout
         self._period = timeout / 4
@@ -361,6 +360,8 @@ class IdleWatch:
         now = self._loop.time()
         if self._content.total_bytes != self._seen:
             self._seen, self._since = self._content.total_bytes, now
+        # A loop may run a timer up to its clock's resolution early: a hair of
+        # slack, so an early check does not wait a whole period more.
         elif now - self._since >= self._timeout - self._period / 100:
             self._handle = None
             self._content.set_exception(

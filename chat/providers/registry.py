@@ -37,6 +37,7 @@ from django.conf import settings
 
 from ..checks import PROVIDER_OPTIONS, provider_entry_problems
 from .anthropic import API_VERSION, AnthropicProvider
+from .base import Provider
 from .demo import DEMO_MODEL, DemoProvider
 from .openai import OpenAIProvider
 from .responses import ResponsesProvider
@@ -342,10 +343,10 @@ def is_known_model(model: str) -> bool:
     )
 
 
-_providers: dict[str, object] = {}
+_providers: dict[str, Provider] = {}
 
 
-def get_provider(name: str):
+def get_provider(name: str) -> Provider:
     """The provider object for `name`, built on first use and then shared."""
     provider = _providers.get(name)
     if provider is None:
@@ -384,9 +385,7 @@ def active_requests() -> int:
 def reset() -> None:
     """Forget built providers and model listings (settings changed: tests, reloads)."""
     for provider in _providers.values():
-        discard = getattr(provider, "discard", None)  # the demo holds no connections
-        if discard is not None:
-            discard()
+        provider.discard()
     _providers.clear()
     with _listings_lock:
         _listings.clear()
