@@ -5,7 +5,7 @@ exist. These are sync; async transports call them through `journal.dbpool`.
 """
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib import import_module
 from typing import TypeVar
@@ -271,3 +271,62 @@ async def until_revoked(
         aclose = getattr(stream, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+class _Watch:
+    """One credential's periodic check, shared by its streams in one loop."""
+
+    __slots__ = ("streams", "task")
+
+    def __init__(self) -> None:
+        self.streams: set[Callable[[], None]] = set()
+        self.task: asyncio.Task | None = None
+
+
+# (event loop, credential) -> its watch, while a stream of it is open
+_watches: dict[tuple[int, Credential], _Watch] = {}
+
+
+def watch_credential(credential: Credential, revoke: Callable[[], None]) -> None:
+    """Call `revoke()` once if `credential` stops authenticating its user.
+
+    What `until_revoked` does for one stream with two tasks of its own, for
+    every stream of the credential with one task: the check every
+    HERMES["CREDENTIAL_CHECK_S"] seconds, on the reader pool. A stream that
+    ends calls `unwatch_credential` with the same `revoke`.
+    """
+    loop = asyncio.get_running_loop()
+    key = (id(loop), credential)
+    watch = _watches.get(key)
+    if watch is None:
+        watch = _watches[key] = _Watch()
+        every = settings.HERMES["CREDENTIAL_CHECK_S"]
+        watch.task = loop.create_task(_watching(key, watch, every))
+    watch.streams.add(revoke)
+
+
+def unwatch_credential(credential: Credential, revoke: Callable[[], None]) -> None:
+    key = (id(asyncio.get_running_loop()), credential)
+    watch = _watches.get(key)
+    if watch is None:
+        return
+    watch.streams.discard(revoke)
+    if not watch.streams:
+        del _watches[key]
+        if watch.task is not None:
+            watch.task.cancel()
+
+
+async def _watching(key: tuple[int, Credential], watch: _Watch, every: float) -> None:
+    while await _still_valid_after(key[1], every):
+        pass
+    if _watches.get(key) is watch:
+        del _watches[key]
+    streams, watch.streams = watch.streams, set()
+    for revoke in streams:
+        revoke()
+
+
+async def _still_valid_after(credential: Credential, every: float) -> bool:
+    await asyncio.sleep(every)
+    return await _still_valid(credential, every)

@@ -30,7 +30,7 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
-from django.http import HttpResponseBase, JsonResponse, StreamingHttpResponse
+from django.http import JsonResponse
 from django.utils import timezone
 from rest_framework.exceptions import Throttled
 from rest_framework.throttling import UserRateThrottle
@@ -180,25 +180,23 @@ class _Held:
         self._slot.release()
 
 
-def hold_stream_slot(user_id: int, response: StreamingHttpResponse) -> HttpResponseBase:
-    """For an SSE view: ``response`` holding one of the user's stream slots for
-    as long as it streams, or a 429 if the user has none left."""
-    slot = stream_slot_acquire(user_id)
-    if slot is None:
-        refusal = JsonResponse(
-            {
-                "error": _streams_message(),
-                "limit": "streams",
-                "retry_after": STREAM_RETRY_AFTER_S,
-            },
-            status=429,
-        )
-        refusal["Retry-After"] = str(STREAM_RETRY_AFTER_S)
-        return refusal
-    body = response.streaming_content
-    assert isinstance(body, AsyncIterator), "stream views are async"
-    response.streaming_content = _Held(body, slot)
-    return response
+def streams_refusal() -> JsonResponse:
+    """For an SSE view: the 429 when the user has no stream slot left."""
+    refusal = JsonResponse(
+        {
+            "error": _streams_message(),
+            "limit": "streams",
+            "retry_after": STREAM_RETRY_AFTER_S,
+        },
+        status=429,
+    )
+    refusal["Retry-After"] = str(STREAM_RETRY_AFTER_S)
+    return refusal
+
+
+def held(body: AsyncIterator, slot: StreamSlot) -> AsyncIterator:
+    """``body`` holding ``slot`` until it ends, however it ends."""
+    return _Held(body, slot)
 
 
 async def hold_ws_slot(consumer, user_id: int) -> StreamSlot | None:

@@ -13,9 +13,13 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 
-from asgiref.sync import ThreadSensitiveContext
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
+from django.core import signals
 from django.core.asgi import get_asgi_application
-from django.core.handlers.asgi import ASGIHandler
+from django.core.exceptions import RequestAborted
+from django.core.handlers.asgi import ASGIHandler, get_script_prefix
+from django.http import HttpResponseBase
+from django.urls import set_script_prefix
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hermes_site.settings")
 get_asgi_application()  # sets Django up before the imports below
@@ -24,6 +28,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (after Django setup
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chat.routing import websocket_urlpatterns  # noqa: E402
+from chat.sse import SSEResponse  # noqa: E402
 from chat.ws_security import origin_checked  # noqa: E402
 from hermes_site.backpressure import SSEFlow  # noqa: E402
 from hermes_site.heap import freeze_startup_heap  # noqa: E402
@@ -35,11 +40,71 @@ _stream_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hermes-st
 class HermesASGIHandler(ASGIHandler):
     async def __call__(self, scope, receive, send):
         if scope["type"] == "http" and STREAM_PATHS.match(scope["path"]):
-            flow = SSEFlow(receive, send)
-            async with ThreadSensitiveContext(executor=_stream_thread):
-                await self.handle(scope, flow.receive, flow.send)
+            await self.stream(scope, SSEFlow(receive, send))
         else:
             await super().__call__(scope, receive, send)
+
+    async def stream(self, scope, flow: SSEFlow) -> None:
+        """A streaming request: Django's request cycle up to the response (the
+        middleware, the view), then its body served outside that cycle.
+
+        Django keeps the request, the resolver match, the middleware chain
+        and two tasks for as long as a streaming response's body lasts. An
+        `SSEResponse` is sent by its own `serve` once its head is out, with
+        none of those held (docs/benchmarks.md, finding 15). Any other
+        response goes out as Django sends it.
+        """
+        async with ThreadSensitiveContext(executor=_stream_thread):
+            response = await self._respond(scope, flow.receive)
+            if response is None:
+                return
+            if not isinstance(response, SSEResponse):
+                try:
+                    await self.send_response(response, flow.send)
+                finally:
+                    await sync_to_async(response.close)()
+                return
+        try:
+            await flow.send(_start_message(response))
+            await response.serve(flow.send, flow.receive)
+        finally:
+            async with ThreadSensitiveContext(executor=_stream_thread):
+                await sync_to_async(response.close)()
+
+    async def _respond(self, scope, receive) -> HttpResponseBase | None:
+        """What `ASGIHandler.handle` does before it sends: the response, or
+        None when the client left first."""
+        try:
+            body_file = await self.read_body(receive)
+        except RequestAborted:
+            return None
+        try:
+            set_script_prefix(get_script_prefix(scope))
+            await signals.request_started.asend(sender=self.__class__, scope=scope)
+            request, error_response = self.create_request(scope, body_file)
+            if request is None:
+                return error_response
+            return await self.run_get_response(request)
+        finally:
+            body_file.close()
+
+
+def _start_message(response: HttpResponseBase) -> dict:
+    """`http.response.start` for a response, as `ASGIHandler.send_response`
+    builds it."""
+    headers = [
+        (name.encode("ascii"), value.encode("latin1"))
+        for name, value in response.items()
+    ]
+    headers += [
+        (b"Set-Cookie", cookie.output(header="").encode("ascii").strip())
+        for cookie in response.cookies.values()
+    ]
+    return {
+        "type": "http.response.start",
+        "status": response.status_code,
+        "headers": headers,
+    }
 
 
 def warm_up() -> None:

@@ -20,6 +20,7 @@ import asyncio
 import functools
 import logging
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from django.conf import settings
@@ -175,7 +176,7 @@ class SSEFlow:
         # up on: no task or event of its own (an idle stream's memory counts).
         self._receiver: asyncio.Task | None = None
 
-    async def send(self, message: dict) -> None:
+    async def send(self, message: Mapping[str, Any]) -> None:
         if self._given_up:
             return
         await self._send(message)

@@ -11,10 +11,14 @@ import time
 
 import httpx
 import pytest
+from django.core.handlers.asgi import ASGIHandler
 from django.test import Client
 from rest_framework.authtoken.models import Token
 
+from chat import access, limits
+from chat.access import credential_of
 from hermes_testing.harness import (
+    AsgiServer,
     group_size,
     read_sse,
     read_ws,
@@ -182,3 +186,84 @@ def test_valid_credentials_stream_to_the_end_across_many_checks(server, alice):
     )
     frames, code = ws.result
     assert code == 1000 and [f["seq"] for f in frames] == list(range(1, 23))
+
+
+# --- one check per credential ---------------------------------------------------
+
+
+def streams_watched(user, headers) -> int:
+    """How many open SSE streams of this token share its one credential check
+    in the server (chat.access.watch_credential); 0 when it has no check."""
+    token = headers["Authorization"].split(" ", 1)[1]
+    wanted = credential_of(
+        user_id=user.pk, authorization=f"Token {token}", session_key=""
+    )
+    counts = [
+        len(w.streams) for (_, c), w in list(access._watches.items()) if c == wanted
+    ]
+    assert len(counts) <= 1, "one check per credential and loop"
+    return counts[0] if counts else 0
+
+
+def test_streams_of_one_token_share_one_check_and_all_end_when_it_goes(server, alice):
+    user, headers = alice
+    run = running_run(user)
+    feed(server, run, 2)
+    readers = [sse_reader(server, run, headers) for _ in range(2)]
+    url = f"{server.url}/api/stream/"
+    readers.append(Reader(lambda: read_sse(url, headers=headers, timeout=60)))
+    for reader in readers:
+        reader.start()
+    wait_until(lambda: streams_watched(user, headers) == 3)
+    rotate_token(user)
+    for reader in readers:
+        assert ends_soon(reader) < CLOSED_WITHIN_S
+    assert [e[1] for e in readers[0].result.events] == ["token"] * 2
+    wait_until(lambda: streams_watched(user, headers) == 0)
+    wait_until(lambda: limits.open_streams(user.pk) == 0)
+
+
+def test_a_stream_whose_client_leaves_stops_being_watched(server, alice):
+    user, headers = alice
+    run = running_run(user)
+    with httpx.Client(timeout=30) as client:
+        with client.stream(
+            "GET", f"{server.url}/api/runs/{run.id}/events/", headers=headers
+        ) as first:
+            assert first.status_code == 200
+            with client.stream(
+                "GET", f"{server.url}/api/stream/", headers=headers
+            ) as second:
+                assert second.status_code == 200
+                wait_until(lambda: streams_watched(user, headers) == 2)
+            wait_until(lambda: streams_watched(user, headers) == 1)
+            assert limits.open_streams(user.pk) == 1
+    wait_until(lambda: streams_watched(user, headers) == 0)
+    wait_until(lambda: limits.open_streams(user.pk) == 0)
+
+
+@pytest.fixture
+def stock_server(django_db_setup, django_db_blocker):
+    """The same views behind Django's own ASGI handler, which iterates an
+    `SSEResponse` as any streaming response (the guard is then
+    `until_revoked`)."""
+    with django_db_blocker.unblock():
+        srv = AsgiServer(ASGIHandler()).start()
+        yield srv
+        srv.stop()
+
+
+def test_behind_djangos_own_handler_a_stream_still_ends_when_its_token_goes(
+    stock_server, alice
+):
+    user, headers = alice
+    run = running_run(user)
+    feed(stock_server, run, 2)
+    reader = sse_reader(stock_server, run, headers)
+    attached(stock_server, run, reader)
+    assert streams_watched(user, headers) == 0  # not `serve`d: its own guard
+    assert limits.open_streams(user.pk) == 1
+    rotate_token(user)
+    assert ends_soon(reader) < CLOSED_WITHIN_S
+    assert [e[1] for e in reader.result.events] == ["token"] * 2
+    wait_until(lambda: limits.open_streams(user.pk) == 0)
