@@ -4,8 +4,10 @@ Parses, authorises and serialises; reading is `journal.subscribe`. Database
 work goes through the shared pool so a streaming request holds no connection.
 """
 
+from __future__ import annotations
+
 import asyncio
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -32,31 +34,58 @@ from .models import session_of_subject, turn_of
 
 
 class SSEResponse(StreamingHttpResponse):
-    """An SSE body, guarded by the credential that opened it (it ends when the
-    token or session is revoked, `chat.access.Credential`) and holding one of
-    the user's stream slots (`chat.limits`) until it ends.
+    """An SSE stream (`SSEBody`) as a Django response.
 
-    Any ASGI handler can iterate it as a streaming response; the guard is then
-    `until_revoked`, two tasks per stream. The site's handler calls `serve`
-    instead (hermes_site/asgi.py): the body sent from the request's own task,
-    with one task waiting for the disconnect and one credential check shared
-    by the credential's streams. An idle stream holds less, and each frame
+    Any ASGI handler can iterate it as a streaming response; the body's
+    guard is then `until_revoked`, two tasks per stream. The site's handler
+    instead closes the response (Django's request cycle ends there) and
+    `serve`s its detached body (hermes_site/asgi.py): an idle stream then
+    holds no request, response, middleware or handler task, and each frame
     takes fewer steps to its reader (docs/benchmarks.md, finding 15).
     """
 
     def __init__(self, frames: AsyncGenerator[str | bytes], credential, slot):
-        self.frames, self.credential, self.slot = frames, credential, slot
-        super().__init__(_Guarded(self), content_type="text/event-stream")
+        self.body: SSEBody | None = SSEBody(frames, credential, slot)
+        super().__init__(_Guarded(self.body), content_type="text/event-stream")
         self["Cache-Control"] = "no-cache"
         self["X-Accel-Buffering"] = "no"  # no proxy buffering of a live stream
 
-    async def serve(self, send, receive) -> None:
-        """Send the body (after `http.response.start`) from the calling task
-        until it ends, the client leaves or the credential is revoked."""
+    def detach(self, request) -> SSEBody:
+        """The body, to serve once this response and `request` are closed
+        (Django closes the request with the response; a GET's request has
+        nothing to close later)."""
+        self._resource_closers.remove(request.close)  # type: ignore[attr-defined]
+        request.close()
+        body, self.body = self.body, None
+        assert body is not None, "detached once"
+        return body
+
+    def close(self) -> None:
+        if self.body is not None:  # never served: its slot goes with it
+            self.body.slot.release()
+        super().close()
+
+
+class SSEBody:
+    """An SSE body, guarded by the credential that opened it (it ends when the
+    token or session is revoked, `chat.access.Credential`) and holding one of
+    the user's stream slots (`chat.limits`) until it ends."""
+
+    __slots__ = ("frames", "credential", "slot")
+
+    def __init__(self, frames: AsyncGenerator[str | bytes], credential, slot):
+        self.frames, self.credential, self.slot = frames, credential, slot
+
+    async def serve(self, start: dict, send, receive) -> None:
+        """Send `start` (`http.response.start`) and the body from the calling
+        task until it ends, the client leaves or the credential is revoked:
+        one task waits for the disconnect; the credential's check is shared
+        by its streams (`chat.access.watch_credential`)."""
         serving = _Serving(asyncio.current_task())
         waiting = asyncio.ensure_future(serving.until_disconnect(receive))
         watch_credential(self.credential, serving)
         try:
+            await send(start)
             async for chunk in self.frames:
                 body = chunk.encode() if isinstance(chunk, str) else chunk
                 more = {"type": "http.response.body", "body": body, "more_body": True}
@@ -73,16 +102,16 @@ class SSEResponse(StreamingHttpResponse):
         if ended != _GONE:
             await send({"type": "http.response.body"})
 
-    def close(self) -> None:
-        self.slot.release()
-        super().close()
+    def guarded(self) -> AsyncIterator:
+        """The body for any other handler: `until_revoked`, holding the slot."""
+        return limits.held(until_revoked(self.frames, self.credential, []), self.slot)
 
 
 _GONE, _REVOKED, _DONE = "the client left", "revoked", "done"
 
 
 class _Serving:
-    """`SSEResponse.serve`'s guards: the client leaving, the credential revoked
+    """`SSEBody.serve`'s guards: the client leaving, the credential revoked
     (calling it revokes). Either cancels the serving task once."""
 
     __slots__ = ("task", "ended")
@@ -113,21 +142,20 @@ class _Serving:
 
 
 class _Guarded:
-    """The body as any other handler reads it: built on the first read, so a
-    response that is `serve`d never builds it."""
+    """`SSEResponse`'s streaming content: `SSEBody.guarded`, built on the first
+    read, so a body that is `serve`d never builds it."""
 
-    __slots__ = ("response", "body")
+    __slots__ = ("sse", "body")
 
-    def __init__(self, response: SSEResponse):
-        self.response, self.body = response, None
+    def __init__(self, sse: SSEBody):
+        self.sse, self.body = sse, None
 
     def __aiter__(self):
         return self
 
     async def __anext__(self):
         if self.body is None:
-            r = self.response
-            self.body = limits.held(until_revoked(r.frames, r.credential, []), r.slot)
+            self.body = self.sse.guarded()
         return await anext(self.body)
 
 

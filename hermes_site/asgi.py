@@ -18,7 +18,7 @@ from django.core import signals
 from django.core.asgi import get_asgi_application
 from django.core.exceptions import RequestAborted
 from django.core.handlers.asgi import ASGIHandler, get_script_prefix
-from django.http import HttpResponseBase
+from django.http import HttpRequest, HttpResponseBase
 from django.urls import set_script_prefix
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "hermes_site.settings")
@@ -46,45 +46,44 @@ class HermesASGIHandler(ASGIHandler):
 
     async def stream(self, scope, flow: SSEFlow) -> None:
         """A streaming request: Django's request cycle up to the response (the
-        middleware, the view), then its body served outside that cycle.
-
-        Django keeps the request, the resolver match, the middleware chain
-        and two tasks for as long as a streaming response's body lasts. An
-        `SSEResponse` is sent by its own `serve` once its head is out, with
-        none of those held (docs/benchmarks.md, finding 15). Any other
-        response goes out as Django sends it.
+        middleware, the view), then an `SSEResponse`'s body served outside
+        that cycle (`SSEBody.serve`). Django would keep the request, the
+        resolver match, the middleware's closures, the response and two tasks
+        for as long as a streaming body lasts (docs/benchmarks.md, finding
+        15). Any other response goes out as Django sends it.
         """
         async with ThreadSensitiveContext(executor=_stream_thread):
-            response = await self._respond(scope, flow.receive)
+            request, response = await self._respond(scope, flow.receive)
             if response is None:
                 return
-            if not isinstance(response, SSEResponse):
-                try:
+            try:
+                if not isinstance(response, SSEResponse):
                     await self.send_response(response, flow.send)
-                finally:
-                    await sync_to_async(response.close)()
-                return
-        try:
-            await flow.send(_start_message(response))
-            await response.serve(flow.send, flow.receive)
-        finally:
-            async with ThreadSensitiveContext(executor=_stream_thread):
+                    return
+                start = _start_message(response)
+                body = response.detach(request)
+            finally:
                 await sync_to_async(response.close)()
+        del request, response  # the request cycle is over: none of it is held
+        await body.serve(start, flow.send, flow.receive)
 
-    async def _respond(self, scope, receive) -> HttpResponseBase | None:
-        """What `ASGIHandler.handle` does before it sends: the response, or
-        None when the client left first."""
+    async def _respond(
+        self, scope, receive
+    ) -> tuple[HttpRequest | None, HttpResponseBase | None]:
+        """What `ASGIHandler.handle` does before it sends: the request and its
+        response (no request when it was refused), or no response when the
+        client left first."""
         try:
             body_file = await self.read_body(receive)
         except RequestAborted:
-            return None
+            return None, None
         try:
             set_script_prefix(get_script_prefix(scope))
             await signals.request_started.asend(sender=self.__class__, scope=scope)
             request, error_response = self.create_request(scope, body_file)
             if request is None:
-                return error_response
-            return await self.run_get_response(request)
+                return None, error_response
+            return request, await self.run_get_response(request)
         finally:
             body_file.close()
 
