@@ -9,6 +9,7 @@ the journal's pool instead, so one shared thread is enough for what is left
 `send` also applies backpressure under daphne (hermes_site/backpressure.py).
 """
 
+import functools
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
@@ -91,10 +92,7 @@ class HermesASGIHandler(ASGIHandler):
 def _start_message(response: HttpResponseBase) -> dict:
     """`http.response.start` for a response, as `ASGIHandler.send_response`
     builds it."""
-    headers = [
-        (name.encode("ascii"), value.encode("latin1"))
-        for name, value in response.items()
-    ]
+    headers = [_header(name, value) for name, value in response.items()]
     headers += [
         (b"Set-Cookie", cookie.output(header="").encode("ascii").strip())
         for cookie in response.cookies.values()
@@ -104,6 +102,13 @@ def _start_message(response: HttpResponseBase) -> dict:
         "status": response.status_code,
         "headers": headers,
     }
+
+
+@functools.lru_cache(maxsize=256)
+def _header(name: str, value: str) -> tuple[bytes, bytes]:
+    """A header, encoded once: the server keeps each open stream's headers,
+    the same few for every stream, so they share their bytes."""
+    return name.encode("ascii"), value.encode("latin1")
 
 
 def warm_up() -> None:
