@@ -246,13 +246,11 @@ async def until_revoked(
             await items.put((_END, None))
 
     async def watch() -> None:
-        while True:
-            await asyncio.sleep(every)
-            if not await _still_valid(credential, every):
-                revoked.append(True)
-                reader.cancel()
-                items.replace((_END, None))  # wake the consumer with the end
-                return
+        while await _still_valid_after(credential, every):
+            pass
+        revoked.append(True)
+        reader.cancel()
+        items.replace((_END, None))  # wake the consumer with the end
 
     reader = asyncio.ensure_future(read())
     watcher = asyncio.ensure_future(watch())
