@@ -4,7 +4,8 @@ The worker benchmark's sweep (`bench/bench_worker.py`: runs × 50 tokens/s, 2
 SSE readers per run, the loopback fake model) on the scale-out deployment
 with two web processes and two worker processes: a run's readers go to the
 web processes in turn, each worker takes at most half of the largest step.
-The table gives, for each step, the token → reader latency and every
+Two sweeps: runs (2 readers each), then readers (50 runs, more readers each).
+Each table gives, for each step, the token → reader latency and every
 process's CPU; the text the largest step that kept p99 < 150 ms, in runs and
 in live readers, and what limited the next one.
 
@@ -21,6 +22,7 @@ import bench_worker  # noqa: E402
 import common  # noqa: E402
 
 SWEEP = [100, 200, 300, 400]
+READERS_RUNS, READERS_PER_RUN = 50, [4, 10, 20, 40]  # 200 … 2,000 live readers
 
 
 def _cpu_table(results: list[dict]) -> str:
@@ -74,14 +76,25 @@ def run(args):
     common.close_db()
     sweep = [200] if args.quick else SWEEP
     results = asyncio.run(bench_worker._main(args, env, token, sweep))
-    markdown = f"""{_cpu_table(results)}
+    per_run = READERS_PER_RUN[1:2] if args.quick else READERS_PER_RUN
+    runs = [READERS_RUNS] * len(per_run)
+    by_readers = asyncio.run(bench_worker._main(args, env, token, runs, "", per_run))
+    markdown = f"""Runs, 2 live readers each:
+
+{_cpu_table(results)}
 
 Two daphne processes and two `manage.py worker` processes on PostgreSQL and
 the Redis channel layer, the fake model and this bench's readers on the same
 2-core machine; {_limit(results)}
 
+Live readers, {READERS_RUNS} runs:
+
+{_cpu_table(by_readers)}
+
+The same deployment; {_limit(by_readers)}
+
 {bench_worker._details(results[-1])}"""
-    return markdown, {"sweep": results}
+    return markdown, {"sweep": results, "readers_sweep": by_readers}
 
 
 if __name__ == "__main__":

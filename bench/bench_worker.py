@@ -90,9 +90,10 @@ def _journal(run_ids: list[str]) -> dict:
 
 
 async def _measure(
-    args, fake, ports: list[int], token: str, procs: dict, runs: int
+    args, fake, ports: list[int], token: str, procs: dict, runs: int, per_run: int
 ) -> dict:
-    """One step of the sweep; a run's readers go to `ports` in turn."""
+    """One step of the sweep: `runs` runs, `per_run` readers each; a run's
+    readers go to `ports` in turn."""
     t_setup = time.monotonic()
     posts0 = fake.command("wait", 0, 0)["posts"]
     labels = await _start_runs(ports[0], token, runs, f"c{runs}")
@@ -100,7 +101,7 @@ async def _measure(
     tasks = []
     for i, (label, run_id) in enumerate(labels.items()):
         port = ports[i % len(ports)]
-        rs, ts = await common.start_readers(port, token, run_id, READERS_PER_RUN)
+        rs, ts = await common.start_readers(port, token, run_id, per_run)
         readers[label] = rs
         tasks += ts
     flat = [r for rs in readers.values() for r in rs]
@@ -225,8 +226,17 @@ def _analyse(labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup
 PASS_THROUGH = "pass-through"
 
 
-async def _main(args, env, token, sweep: list[int], patch: str = "") -> list[dict]:
-    """One server (and worker) for every concurrency of `sweep`, in order."""
+async def _main(
+    args,
+    env,
+    token,
+    sweep: list[int],
+    patch: str = "",
+    per_run: int | list[int] = READERS_PER_RUN,
+) -> list[dict]:
+    """One server (and worker) for every concurrency of `sweep`, in order;
+    `per_run` readers for each run, or one count per step."""
+    readers = [per_run] * len(sweep) if isinstance(per_run, int) else per_run
     fake = common.FakeModel(env)
     text, chunk = token_text(TOKENS)
     fake.command(
@@ -268,8 +278,8 @@ async def _main(args, env, token, sweep: list[int], patch: str = "") -> list[dic
             for i in range(args.workers):
                 procs[_name("worker", i)] = common.worker(patched, share)
         out = []
-        for runs in sweep:
-            result = await _measure(args, fake, ports, token, procs, runs)
+        for runs, per_run in zip(sweep, readers, strict=True):
+            result = await _measure(args, fake, ports, token, procs, runs, per_run)
             result["rss_mib"] = {
                 name: round(p.hwm_kib() / 1024, 1) for name, p in procs.items()
             }

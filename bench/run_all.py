@@ -125,6 +125,20 @@ def _cells(backend: str) -> dict[str, str]:
             + "; p99 at "
             + ", ".join(f"{c['runs']} runs {c['p99_ms']:,.0f} ms" for c in r["sweep"])
         )
+        if by_readers := r.get("readers_sweep"):
+            held = common.held(by_readers)
+            out["capacity"] += (
+                f"; {by_readers[0]['runs']} runs: "
+                + (
+                    f"{held[-1]['readers']} live readers held p99 < 150 ms"
+                    if held
+                    else "no readers step held p99 < 150 ms"
+                )
+                + "; p99 at "
+                + ", ".join(
+                    f"{c['readers']} readers {c['p99_ms']:,.0f} ms" for c in by_readers
+                )
+            )
     return out
 
 
@@ -153,7 +167,8 @@ MEASURES = [
     ),
     (
         "capacity",
-        "2 daphne × 2 workers: runs × 50 tokens/s, 2 readers each",
+        "2 daphne × 2 workers: runs × 50 tokens/s, 2 readers each; "
+        "then 50 runs, more readers",
         "the largest step with p99 < 150 ms (measured, not a target)",
     ),
 ]
