@@ -5,6 +5,7 @@ exist. These are sync; async transports call them through `journal.dbpool`.
 """
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from importlib import import_module
@@ -23,6 +24,7 @@ from journal.outages import DATABASE, DATABASE_ERRORS, outage
 from .models import ChatSession
 
 T = TypeVar("T")
+log = logging.getLogger(__name__)
 RUN_ID_MAX = 40  # journal.Run.id's max_length
 
 
@@ -316,8 +318,12 @@ def unwatch_credential(credential: Credential, revoke: Callable[[], None]) -> No
 
 
 async def _watching(key: tuple[int, Credential], watch: _Watch, every: float) -> None:
-    while await _still_valid_after(key[1], every):
-        pass
+    while True:
+        try:
+            if not await _still_valid_after(key[1], every):
+                break
+        except Exception:  # a bug, not an outage: the streams stay watched
+            log.exception("credential check failed; checking again")
     if _watches.get(key) is watch:
         del _watches[key]
     streams, watch.streams = watch.streams, set()

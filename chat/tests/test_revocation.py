@@ -267,3 +267,26 @@ def test_behind_djangos_own_handler_a_stream_still_ends_when_its_token_goes(
     assert ends_soon(reader) < CLOSED_WITHIN_S
     assert [e[1] for e in reader.result.events] == ["token"] * 2
     wait_until(lambda: limits.open_streams(user.pk) == 0)
+
+
+def test_a_check_that_fails_keeps_the_streams_watched(server, alice, monkeypatch):
+    """A check that raises (a bug, not an outage) is logged and tried again:
+    the shared check must not die with it, leaving the credential's streams
+    unwatched."""
+    user, headers = alice
+    real, failures = access.credential_valid, []
+
+    def failing_once(credential):
+        if not failures:
+            failures.append(credential)
+            raise RuntimeError("check broke")
+        return real(credential)
+
+    monkeypatch.setattr(access, "credential_valid", failing_once)
+    run = running_run(user)
+    reader = sse_reader(server, run, headers)
+    attached(server, run, reader)
+    wait_until(lambda: failures)
+    rotate_token(user)
+    assert ends_soon(reader) < CLOSED_WITHIN_S
+    wait_until(lambda: streams_watched(user, headers) == 0)
