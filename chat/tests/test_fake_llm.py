@@ -285,6 +285,13 @@ def test_unknown_path_is_404(fake):
     assert httpx.get(f"{fake.base_url}/nope").status_code == 404
 
 
+def interruptible() -> None:
+    """In the child: Ctrl-C as at a terminal. A process started in the
+    background of a script (as CI's passes are) inherits SIGINT ignored, and
+    Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def test_management_command_serves_until_interrupted():
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "hermes_site.settings"}
     proc = subprocess.Popen(
@@ -293,6 +300,7 @@ def test_management_command_serves_until_interrupted():
         env=env,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     try:
         assert proc.stdout is not None
@@ -323,6 +331,7 @@ def test_management_command_speaks_the_anthropic_api_when_asked():
         env=env,
         stdout=subprocess.PIPE,
         text=True,
+        preexec_fn=interruptible,
     )
     try:
         assert proc.stdout is not None
