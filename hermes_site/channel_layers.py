@@ -8,6 +8,7 @@ from typing import Any
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
 from channels_redis.core import RedisChannelLayer
+from redis.commands.core import AsyncScript
 
 CLEAN_EVERY_S = 1.0  # expiry is 60 s: sweeping once a second loses nothing
 
@@ -116,9 +117,11 @@ class HermesRedisChannelLayer(RedisChannelLayer):
     The stock `group_send` makes four round trips to Redis for each group;
     the journal's committer publishes every streaming run's events each tick,
     and 200 runs cost it 800 round trips and seconds of a loaded event loop
-    (docs/benchmarks.md). `group_send_many` pipelines the tick: one round trip
-    reads every group's members, one queues every message (the same Lua
-    script and expiry rules as `group_send`).
+    (docs/benchmarks.md). `group_send_many` sends the tick as two script
+    calls: one reads every group's members, one queues every message (the
+    expiry and capacity rules of `group_send`). A pipeline of a few commands
+    per group did the same in two round trips, but encoding and parsing 800
+    commands took a busy worker's loop 15–20 ms a tick.
 
     Every channel of one process (a web process's run hubs, its WebSockets)
     shares one inbox in Redis, which the stock layer reads a message at a
@@ -183,45 +186,79 @@ class HermesRedisChannelLayer(RedisChannelLayer):
             assert self.require_valid_group_name(group), "Group name not valid"
         connection = self.connection(0)
         now = time.time()
-        read = connection.pipeline(transaction=False)
-        for group, _ in sends:
-            key = self._group_key(group)
-            read.zremrangebyscore(key, min=0, max=int(now) - self.group_expiry)
-            read.zrange(key, 0, -1)
-        members = (await read.execute())[1::2]
-        write = connection.pipeline(transaction=False)
-        queued = 0
+        members = await _script(_MEMBERS_LUA, connection)(
+            keys=[self._group_key(group) for group, _ in sends],
+            args=[int(now) - self.group_expiry],
+            client=connection,
+        )
+        keys, messages, capacities = [], [], []
         for (_group, message), names in zip(sends, members, strict=True):
             channels = [name.decode("utf8") for name in names]
-            by_connection, messages, capacities = self._map_channel_keys_to_connection(
+            by_connection, serialized, capacity = self._map_channel_keys_to_connection(
                 channels, message
             )
-            keys = by_connection.get(0, [])
-            if not keys:
-                continue
-            for key in keys:
-                write.zremrangebyscore(key, min=0, max=int(now) - int(self.expiry))
-            args = [messages[k] for k in keys] + [capacities[k] for k in keys]
-            write.eval(_GROUP_SEND_LUA, len(keys), *keys, *args, now, self.expiry)
-            queued += 1
-        if queued:
-            await write.execute()
+            for key in by_connection.get(0, []):
+                keys.append(key)
+                messages.append(serialized[key])
+                capacities.append(capacity[key])
+        if keys:
+            # A key's messages are read in score order, and equal scores in
+            # the order of their (random-prefixed) bytes: a score a microsecond
+            # apart for each keeps one group's messages of one call in order.
+            scores = [repr(now + i * 1e-6) for i in range(len(keys))]
+            await _script(_QUEUE_LUA, connection)(
+                keys=keys,
+                args=[
+                    *messages,
+                    *capacities,
+                    *scores,
+                    int(now) - int(self.expiry),
+                    self.expiry,
+                ],
+                client=connection,
+            )
 
 
-# The script of channels_redis' `group_send` (4.3): queue each message unless
-# its channel is at capacity.
-_GROUP_SEND_LUA = """
-    local over_capacity = 0
-    local current_time = ARGV[#ARGV - 1]
-    local expiry = ARGV[#ARGV]
-    for i=1,#KEYS do
-        local capacity = tonumber(ARGV[i + #KEYS])
-        if redis.call('ZCOUNT', KEYS[i], '-inf', '+inf') < capacity then
-            redis.call('ZADD', KEYS[i], current_time, ARGV[i])
-            redis.call('EXPIRE', KEYS[i], expiry)
-        else
-            over_capacity = over_capacity + 1
-        end
+_scripts: dict[str, AsyncScript] = {}
+
+
+def _script(source: str, connection: Any) -> AsyncScript:
+    """A Lua script run by its SHA (loaded into Redis on first use)."""
+    script = _scripts.get(source)
+    if script is None:
+        script = _scripts[source] = connection.register_script(source)
+    return script
+
+
+# Each group's live members, with the expired ones dropped first (as the stock
+# `group_send` does, one group at a time): KEYS are the groups' keys.
+_MEMBERS_LUA = """
+local members = {}
+for i = 1, #KEYS do
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, ARGV[1])
+    members[i] = redis.call('ZRANGE', KEYS[i], 0, -1)
+end
+return members
+"""
+
+# Queue each message on its channel's key unless that channel is at capacity,
+# with the stock `group_send`'s expiry rules: KEYS are the channels' keys (a
+# key may come more than once: one process's channels share one), ARGV the
+# message for each key, then each key's capacity, then each message's score
+# (its time), then the cut-off for expired messages and the expiry.
+_QUEUE_LUA = """
+local n = #KEYS
+local cutoff = ARGV[3 * n + 1]
+local expiry = ARGV[3 * n + 2]
+local over_capacity = 0
+for i = 1, n do
+    redis.call('ZREMRANGEBYSCORE', KEYS[i], 0, cutoff)
+    if redis.call('ZCOUNT', KEYS[i], '-inf', '+inf') < tonumber(ARGV[n + i]) then
+        redis.call('ZADD', KEYS[i], ARGV[2 * n + i], ARGV[i])
+        redis.call('EXPIRE', KEYS[i], expiry)
+    else
+        over_capacity = over_capacity + 1
     end
-    return over_capacity
+end
+return over_capacity
 """

@@ -69,7 +69,12 @@ class Event(models.Model):
     """One journaled event. `payload` is JSON text, written to the wire as is."""
 
     id = models.BigAutoField(primary_key=True)
-    run = models.ForeignKey(Run, on_delete=models.CASCADE, related_name="events")
+    # No index of its own: `event_unique_run_seq` leads with the run and
+    # serves every lookup by run; a second index on it only doubled what each
+    # append writes (docs/benchmarks.md).
+    run = models.ForeignKey(
+        Run, on_delete=models.CASCADE, related_name="events", db_index=False
+    )
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=24)
     payload = models.TextField()

@@ -259,20 +259,22 @@ def run_summary(*, run: Run, worker_alive: bool | None = None) -> dict:
 def append_many(
     batches: list[tuple[str, int, list[tuple[str, dict]]]],
 ) -> list[list[Record] | AppendRejected | InvalidEvent]:
-    """Several runs' appends in one transaction of two statements: one commit for all.
+    """Several runs' appends in one transaction: one commit for all.
 
-    Each `(run_id, token, events)` is fenced on its own: the one UPDATE takes
-    seqs only for runs whose token matches and that are active (RETURNING
-    names them); a rejected run writes nothing and gets its `AppendRejected`
-    back in place of its records, a run with an event of the wrong shape its
-    `InvalidEvent`, so one run's bad batch never costs another run anything.
-    No `end` here: runs end through `append`.
-    A statement per run would be cheap for the database but not for the
-    writer thread, which must win the GIL back from a busy event loop after
-    each one (docs/benchmarks.md).
+    Each `(run_id, token, events)` is fenced on its own: seqs are taken only
+    for runs whose token matches and that are active; a rejected run writes
+    nothing and gets its `AppendRejected` back in place of its records, a run
+    with an event of the wrong shape its `InvalidEvent`, so one run's bad batch
+    never costs another run anything. Each run at most once; no `end` here:
+    runs end through `append`.
+
+    On PostgreSQL the whole tick is one statement (`_take_and_insert_postgresql`);
+    elsewhere two. A statement per run would be cheap for the database but not
+    for the writer thread, which must win the GIL back from a busy event loop
+    after each one (docs/benchmarks.md).
     """
     results: list[list[Record] | AppendRejected | InvalidEvent] = []
-    valid = []
+    valid: list[tuple[str, int, list[tuple[str, str]]]] = []
     for run_id, token, events in batches:
         if not events:
             raise ValueError("every batch of append_many needs events")
@@ -285,13 +287,41 @@ def append_many(
             results.append(exc)
             continue
         results.append([])
-        valid.append((run_id, token, events))
+        valid.append((run_id, token, [(t, encode(p)) for t, p in events]))
+    if len({run_id for run_id, _t, _e in valid}) != len(valid):
+        raise ValueError("append_many takes each run at most once")
     if not valid:
         return results
+    now = timezone.now()
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            taken = _take_and_insert_postgresql(valid, now)
+        else:
+            taken = _take_and_insert(valid, now)
+    encoded = {run_id: events for run_id, _token, events in valid}
+    appended = 0
+    for i, (run_id, token, _events) in enumerate(batches):
+        if isinstance(results[i], InvalidEvent):
+            continue
+        if run_id not in taken:
+            results[i] = AppendRejected(run_id, _rejection_reason(run_id, token))
+            continue
+        stored = encoded[run_id]
+        first = taken[run_id] - len(stored) + 1
+        results[i] = [Record(first + j, t, p) for j, (t, p) in enumerate(stored)]
+        appended += len(stored)
+    metrics.EVENTS_APPENDED.inc(appended)
+    return results
+
+
+def _take_and_insert(
+    valid: list[tuple[str, int, list[tuple[str, str]]]], now: datetime
+) -> dict[str, int]:
+    """Take each run's seqs (one fenced UPDATE) and insert the taken runs' rows;
+    `{run_id: its new last seq}` for the runs taken."""
     counts = [x for run_id, _t, events in valid for x in (run_id, len(events))]
     fences = [x for run_id, token, _e in valid for x in (run_id, token)]
-    now = timezone.now()
-    with transaction.atomic(), connection.cursor() as cursor:
+    with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE journal_run SET last_seq = last_seq + CASE id"
             + " WHEN %s THEN %s" * len(valid)
@@ -303,27 +333,81 @@ def append_many(
             [*counts, *Run.ACTIVE, *fences],
         )
         taken = dict(cursor.fetchall())
-        rows: list[tuple[str, int, str, str]] = []
-        for i, (run_id, token, events) in enumerate(batches):
-            if isinstance(results[i], InvalidEvent):
-                continue
-            if run_id not in taken:
-                results[i] = AppendRejected(run_id, _rejection_reason(run_id, token))
-                continue
-            first = taken[run_id] - len(events) + 1
-            records = [
-                Record(first + j, t, encode(p)) for j, (t, p) in enumerate(events)
-            ]
-            results[i] = records
-            rows.extend((run_id, r.seq, r.type, r.payload) for r in records)
         created = connection.ops.adapt_datetimefield_value(now)
+        rows: list[tuple] = []
+        for run_id, _token, events in valid:
+            if run_id in taken:
+                first = taken[run_id] - len(events) + 1
+                rows.extend(
+                    (run_id, first + j, t, payload, created)
+                    for j, (t, payload) in enumerate(events)
+                )
         cursor.executemany(
             "INSERT INTO journal_event (run_id, seq, type, payload, created_at)"
             " VALUES (%s, %s, %s, %s, %s)",
-            [(*row, created) for row in rows],
+            rows,
         )
-    metrics.EVENTS_APPENDED.inc(len(rows))
-    return results
+    return taken
+
+
+# One round trip for a whole tick: the runs' fenced seq ranges (`taken`) and
+# their rows, each row's seq counted back from its run's new last seq.
+_APPEND_MANY_POSTGRESQL = """
+WITH batch AS (
+    SELECT * FROM unnest(%b::text[], %b::int8[], %b::int4[]) AS b(id, token, n)
+), taken AS (
+    UPDATE journal_run AS r SET last_seq = r.last_seq + batch.n
+    FROM batch
+    WHERE r.id = batch.id AND r.fencing_token = batch.token
+      AND r.status = ANY(%b::text[])
+    RETURNING r.id, r.last_seq, batch.n
+), inserted AS (
+    INSERT INTO journal_event (run_id, seq, type, payload, created_at)
+    SELECT e.run_id, taken.last_seq - taken.n + e.k, e.type, e.payload, %b
+    FROM unnest(%b::text[], %b::int4[], %b::text[], %b::text[])
+        AS e(run_id, k, type, payload)
+    JOIN taken ON taken.id = e.run_id
+)
+SELECT id, last_seq FROM taken
+"""
+
+
+def _take_and_insert_postgresql(
+    valid: list[tuple[str, int, list[tuple[str, str]]]], now: datetime
+) -> dict[str, int]:
+    """`_take_and_insert` as one statement whose arrays travel in binary.
+
+    Django's PostgreSQL cursors bind parameters on the client, writing every
+    value into the query's text; for a tick of hundreds of runs that quoting,
+    and a row at a time in `executemany`, cost more than the database's work
+    (docs/benchmarks.md). A server-binding cursor sends the arrays as they are.
+    """
+    import psycopg
+
+    run_ids, k, types, payloads = [], [], [], []
+    for run_id, _token, events in valid:
+        for j, (t, payload) in enumerate(events, start=1):
+            run_ids.append(run_id)
+            k.append(j)
+            types.append(t)
+            payloads.append(payload)
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
+        cur.execute(
+            _APPEND_MANY_POSTGRESQL,
+            [
+                [run_id for run_id, _t, _e in valid],
+                [token for _r, token, _e in valid],
+                [len(events) for _r, _t, events in valid],
+                list(Run.ACTIVE),
+                now,
+                run_ids,
+                k,
+                types,
+                payloads,
+            ],
+        )
+        return dict(cur.fetchall())
 
 
 def run_positions(*, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:

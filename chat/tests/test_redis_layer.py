@@ -90,3 +90,61 @@ def test_a_receive_with_nothing_waiting_blocks_until_a_message_comes(redis_url):
         return message
 
     assert asyncio.run(go()) == {"type": "t", "n": 7}
+
+
+def test_group_send_many_queues_each_message_for_every_live_member(redis_url):
+    """Two script calls for a whole tick (`group_send_many`): every group's
+    members get their message in order, whether they share a process inbox,
+    have one of their own or live in another process; a group without members
+    is skipped, an expired member is dropped, a full channel refuses its
+    message without costing the others theirs. It works again after Redis
+    forgot its scripts."""
+
+    async def go():
+        web, other = _layer(redis_url), _layer(redis_url)
+        a, b = await web.new_channel(), await web.new_channel()  # one inbox
+        c = await other.new_channel()  # another process's inbox
+        plain = "hub.plain"  # a channel of its own
+        for group, channel in [("g1", a), ("g1", c), ("g2", b), ("g2", plain)]:
+            await web.group_add(group, channel)
+        await web.group_add("g3", "hub.gone")
+        # Older than the group expiry: no longer a member.
+        await web.connection(0).zadd(web._group_key("g3"), {"hub.gone": 1})
+        sends = [
+            (group, {"type": "t", "n": n, "g": group})
+            for n in range(3)
+            for group in ("g1", "g2", "g3", "empty")
+        ]
+        await web.group_send_many(sends[:4])
+        await web.connection(0).script_flush()
+        await web.group_send_many(sends[4:])
+        got = {
+            "a": await _drain(web, [a], 3),
+            "b": await _drain(web, [b], 3),
+            "c": await _drain(other, [c], 3),
+            "plain": await _drain(web, [plain], 3),
+        }
+        gone = await web.connection(0).zcard(web.prefix + "hub.gone")
+        # A full channel: capacity 1 for it, 2 for the rest of the group.
+        small = HermesRedisChannelLayer(
+            hosts=[redis_url],
+            prefix="layer-test",
+            capacity=2,
+            channel_capacity={"hub.tiny": 1},
+        )
+        await small.group_add("g4", "hub.tiny")
+        await small.group_add("g4", "hub.roomy")
+        await small.group_send_many([("g4", {"type": "t", "n": n}) for n in range(2)])
+        await small.group_send_many([("g4", {"type": "t", "n": 2})])
+        tiny = await _drain(small, ["hub.tiny"], 1)
+        roomy = await _drain(small, ["hub.roomy"], 2)
+        left_tiny = await small.connection(0).zcard(small.prefix + "hub.tiny")
+        for layer in (web, other, small):
+            await layer.close_pools()
+        return got, gone, tiny, roomy, left_tiny
+
+    got, gone, tiny, roomy, left_tiny = asyncio.run(go())
+    assert [n for drained in got.values() for n in drained.values()] == [[0, 1, 2]] * 4
+    assert gone == 0
+    assert list(tiny.values()) == [[0]] and left_tiny == 0
+    assert list(roomy.values()) == [[0, 1]]

@@ -1,3 +1,5 @@
+import json
+
 import pytest
 
 from hermes_testing.harness import running_run
@@ -121,3 +123,61 @@ def test_append_many_commits_several_runs_and_fences_each(alice):
     assert not Event.objects.filter(run=stale).exists()
     assert Run.objects.get(id=stale.id).last_seq == 0
     assert Run.objects.get(id=second.id).last_seq == 1
+
+
+def test_append_many_stores_any_text_exactly_and_numbers_each_run_on(alice):
+    """What an array literal or a query's text would have to escape comes
+    back as it went in; each of many runs numbers on from where it stood."""
+    awkward = [
+        'quote " and \\ backslash',
+        "{braces, commas}",
+        "NULL",
+        "",
+        "line\nbreak\ttab",
+        "ünïcödé 你好 🙂",
+        "' OR 1=1 --",
+        "%s %b %(x)s",
+    ]
+    runs = [running_run(alice[0]) for _ in range(30)]
+    append(run_id=runs[0].id, token=1, events=_tokens(2))
+    results = append_many(
+        [
+            (run.id, 1, [("token", {"text": f"{i}:{text}"}) for text in awkward])
+            for i, run in enumerate(runs)
+        ]
+    )
+    assert [r.seq for r in results[0]] == list(range(3, 3 + len(awkward)))
+    assert all([r.seq for r in rs] == list(range(1, 9)) for rs in results[1:])
+    for i, run in enumerate(runs):
+        stored = [r.payload for r in read_after(run_id=run.id, after_seq=0)]
+        assert stored[-len(awkward) :] == [r.payload for r in results[i]]
+        assert [json.loads(p)["text"] for p in stored[-len(awkward) :]] == [
+            f"{i}:{text}" for text in awkward
+        ]
+        assert Run.objects.get(id=run.id).last_seq == len(stored)
+
+
+def test_append_many_refuses_an_ended_run_and_a_run_twice(alice):
+    ended, live = running_run(alice[0]), running_run(alice[0])
+    Run.objects.filter(id=ended.id).update(status="succeeded")
+    results = append_many([(ended.id, 1, _tokens(1)), (live.id, 1, _tokens(2))])
+    assert isinstance(results[0], AppendRejected)
+    assert [r.seq for r in results[1]] == [1, 2]
+    assert not Event.objects.filter(run=ended).exists()
+    with pytest.raises(ValueError, match="at most once"):
+        append_many([(live.id, 1, _tokens(1)), (live.id, 1, _tokens(1))])
+    assert Run.objects.get(id=live.id).last_seq == 2
+
+
+def test_the_event_table_has_no_second_index_on_the_run(db):
+    """`event_unique_run_seq` serves lookups by run (journal/0007)."""
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        constraints = connection.introspection.get_constraints(cursor, "journal_event")
+    on_run = sorted(
+        name
+        for name, c in constraints.items()
+        if (c["index"] or c["unique"]) and c["columns"][:1] == ["run_id"]
+    )
+    assert on_run == ["event_one_end_per_run", "event_unique_run_seq"]
