@@ -121,7 +121,8 @@ def private_redis(settings):
     with PrivateRedis() as redis_server:
         settings.CHANNEL_LAYERS = {
             "default": {
-                "BACKEND": "channels_redis.core.RedisChannelLayer",
+                # The deployment's layer, with its own inbox reader.
+                "BACKEND": "hermes_site.channel_layers.HermesRedisChannelLayer",
                 "CONFIG": {"hosts": [redis_server.url], "capacity": 1000},
             }
         }

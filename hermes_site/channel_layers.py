@@ -1,6 +1,7 @@
 """The channel layers of both deployments, with a batched group send."""
 
 import asyncio
+import collections
 import copy
 import time
 from typing import Any
@@ -124,36 +125,130 @@ class HermesRedisChannelLayer(RedisChannelLayer):
     commands took a busy worker's loop 15–20 ms a tick.
 
     Every channel of one process (a web process's run hubs, its WebSockets)
-    shares one inbox in Redis, which the stock layer reads a message at a
-    time in four round trips (put back what an interrupted read left, a
-    blocking pop, a copy into a backup queue, and its removal), one after
-    another for the whole process: past about 1,500 messages a second a web
-    process fell further behind every second. `receive_single` here first
+    shares one inbox in Redis. The stock layer reads it a message at a time
+    in four round trips (put back what an interrupted read left, a blocking
+    pop, a copy into a backup queue, and its removal), one after another for
+    the whole process, each waiting receive contending for the right to
+    read: past about 1,500 messages a second a web process fell further
+    behind every second. Here one reader per process (`_read_inbox`) first
     takes every waiting message, up to `RECEIVE_BATCH`, in one round trip,
-    with the stock layer's guarantees: the script moves them to the same
-    backup queue, so a take interrupted before they are handed over leaves
-    them to the next read, which puts them back first; they are removed from
-    the backup once buffered, under the same per-inbox lock. With nothing
-    waiting, the stock blocking read follows.
+    and hands each to its channel's waiting receive, with the stock layer's
+    guarantees: the script moves them to the same backup queue, so a take
+    interrupted before they are handed over leaves them to the next read,
+    which puts them back first; they are removed from the backup once handed
+    over, under the same per-inbox lock. With nothing waiting, the stock
+    blocking read follows.
     """
 
-    async def receive_single(self, channel: str) -> tuple[Any, dict]:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._waiters: dict[str, collections.deque[asyncio.Future]] = {}
+        self._buffers: dict[str, collections.deque[dict]] = {}
+        self._reader: asyncio.Task | None = None
+
+    async def receive(self, channel: str) -> dict:
+        """The next message of `channel`; a process's channels are served by
+        one reader of their shared inbox (`_read_inbox`)."""
         if "!" not in channel:
-            return await super().receive_single(channel)
-        assert self.require_valid_channel_name(channel, receive=True)
-        index = self.consistent_hash(channel)
-        key = self.prefix + channel
+            return await super().receive(channel)
+        assert self.require_valid_channel_name(channel)
+        buffered = self._buffers.get(channel)
+        if buffered:
+            message = buffered.popleft()
+            if not buffered:
+                del self._buffers[channel]
+            return message
+        loop = asyncio.get_running_loop()
+        waiter = loop.create_future()
+        waiters = self._waiters.setdefault(channel, collections.deque())
+        waiters.append(waiter)
+        self._start_reader(loop, channel)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and not waiter.exception():
+                # Handed over just as this receive was cancelled: the next one
+                # gets it, as if it had never left the buffer.
+                self._buffers.setdefault(
+                    channel, collections.deque(maxlen=self.capacity)
+                ).appendleft(waiter.result())
+            raise
+        finally:
+            if waiter in waiters:
+                waiters.remove(waiter)
+            if not waiters and self._waiters.get(channel) is waiters:
+                del self._waiters[channel]
+
+    def _start_reader(self, loop: asyncio.AbstractEventLoop, channel: str) -> None:
+        reader = self._reader
+        if reader is not None and not reader.done():
+            if reader.get_loop() is loop:
+                return
+            if not reader.get_loop().is_closed():
+                raise RuntimeError(
+                    "Two event loops are trying to receive() on one channel layer"
+                    " at once!"
+                )
+        self._reader = loop.create_task(
+            self._read_inbox(self.non_local_name(channel)), name="layer inbox reader"
+        )
+
+    async def _read_inbox(self, inbox: str) -> None:
+        """Hand every message of the process's inbox to its channel's first
+        waiting receive (or its buffer), while any receive waits.
+
+        The stock layer makes each waiting receive a contender for one lock,
+        with two tasks and an `asyncio.wait` per message; with hundreds of run
+        hubs in one web process that was a fifth of its time and added a
+        tick's worth of latency (docs/benchmarks.md). An error reaches every
+        waiting receive, as the stock layer raises it in the receive that read.
+        """
+        try:
+            while True:
+                received = await self._take_waiting(inbox)
+                if not received:
+                    if not any(self._waiters.values()):
+                        return  # nobody waits: nothing to block on
+                    received = [await super().receive_single(inbox)]
+                for names, message in received:
+                    for name in names if isinstance(names, list) else [names]:
+                        self._hand_over(name, message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            for waiters in self._waiters.values():
+                for waiter in waiters:
+                    if not waiter.done():
+                        waiter.set_exception(exc)
+
+    def _hand_over(self, channel: str, message: dict) -> None:
+        waiters = self._waiters.get(channel)
+        while waiters:
+            waiter = waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(message)
+                return
+        # Nobody waits: keep it, the oldest dropped past capacity (as stock).
+        self._buffers.setdefault(
+            channel, collections.deque(maxlen=self.capacity)
+        ).append(message)
+
+    async def _take_waiting(self, inbox: str) -> list[tuple[Any, dict]]:
+        """Every message waiting in the inbox, up to `RECEIVE_BATCH`, in order."""
+        key = self.prefix + inbox
         backup = self._backup_channel_name(key)
-        connection = self.connection(index)
+        connection = self.connection(self.consistent_hash(inbox))
         await self.receive_clean_locks.acquire(key)
         try:
-            taken = await connection.eval(_TAKE_SCRIPT, 0, key, backup, RECEIVE_BATCH)
+            taken = await _script(_TAKE_SCRIPT, connection)(
+                keys=[], args=[key, backup, RECEIVE_BATCH], client=connection
+            )
         except BaseException:
             self.receive_clean_locks.release(key)
             raise
         if not taken:
             self.receive_clean_locks.release(key)
-            return await super().receive_single(channel)
+            return []
         members = taken[0::2]
         # From here to the return nothing awaits: the messages are handed over.
         cleaner = asyncio.ensure_future(connection.zrem(backup, *members))
@@ -164,12 +259,7 @@ class HermesRedisChannelLayer(RedisChannelLayer):
             self.receive_clean_locks.release(key)
 
         cleaner.add_done_callback(cleaned)
-        received = [self._unpack(channel, member) for member in members]
-        # The caller buffers the one returned: the rest go first, in order.
-        for names, message in received[:-1]:
-            for name in names if isinstance(names, list) else [names]:
-                self.receive_buffer[name].put_nowait(message)
-        return received[-1]
+        return [self._unpack(inbox, member) for member in members]
 
     def _unpack(self, channel: str, content: bytes) -> tuple[str | list[str], dict]:
         """As the stock `receive_single` decodes a message of `channel`: the

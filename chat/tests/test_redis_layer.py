@@ -148,3 +148,65 @@ def test_group_send_many_queues_each_message_for_every_live_member(redis_url):
     assert gone == 0
     assert list(tiny.values()) == [[0]] and left_tiny == 0
     assert list(roomy.values()) == [[0, 1]]
+
+
+def test_one_reader_serves_many_waiting_channels_and_stops_when_none_wait(redis_url):
+    """A process's channels share one inbox reader (`_read_inbox`): many
+    receives waiting at once each get their own messages, in order, once;
+    with nobody waiting the reader ends, and the next receive starts one."""
+
+    async def go():
+        layer = _layer(redis_url)
+        channels = [await layer.new_channel() for _ in range(40)]
+        draining = asyncio.ensure_future(_drain(layer, channels, 5))
+        while len(layer._waiters) < len(channels):
+            await asyncio.sleep(0.01)
+        for n in range(5):
+            for c in channels:
+                await layer.send(c, {"type": "t", "n": n})
+        got = await draining
+        while not layer._reader.done():  # its blocking read ends within 5 s
+            await asyncio.sleep(0.05)
+        await layer.send(channels[0], {"type": "t", "n": 9})
+        late = await _drain(layer, channels[:1], 1)
+        await layer.close_pools()
+        return got, late
+
+    got, late = asyncio.run(go())
+    assert all(numbers == [0, 1, 2, 3, 4] for numbers in got.values())
+    assert list(late.values()) == [[9]]
+
+
+def test_a_message_handed_over_as_its_receive_is_cancelled_is_kept(redis_url):
+    async def go():
+        layer = _layer(redis_url)
+        channel = await layer.new_channel()
+        receiving = asyncio.ensure_future(layer.receive(channel))
+        while channel not in layer._waiters:
+            await asyncio.sleep(0)
+        layer._hand_over(channel, {"type": "t", "n": 1})
+        receiving.cancel()  # before the receive could run again
+        with pytest.raises(asyncio.CancelledError):
+            await receiving
+        await layer.send(channel, {"type": "t", "n": 2})
+        got = await _drain(layer, [channel], 2)
+        await layer.close_pools()
+        return got[channel]
+
+    assert asyncio.run(go()) == [1, 2]
+
+
+def test_waiting_receives_get_the_error_when_redis_goes_away():
+    async def go(redis):
+        layer = _layer(redis.url)
+        channels = [await layer.new_channel() for _ in range(3)]
+        receiving = [asyncio.ensure_future(layer.receive(c)) for c in channels]
+        while len(layer._waiters) < len(channels):
+            await asyncio.sleep(0.01)
+        redis.kill()
+        done, _ = await asyncio.wait(receiving, timeout=60)
+        return [type(task.exception()).__name__ for task in done]
+
+    with PrivateRedis() as redis:
+        errors = asyncio.run(go(redis))
+    assert len(errors) == 3 and all("Error" in name for name in errors), errors
