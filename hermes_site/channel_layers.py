@@ -152,6 +152,9 @@ class HermesRedisChannelLayer(RedisChannelLayer):
         if "!" not in channel:
             return await super().receive(channel)
         assert self.require_valid_channel_name(channel)
+        assert self.non_local_name(channel).endswith(self.client_prefix + "!"), (
+            "Wrong client prefix"
+        )
         buffered = self._buffers.get(channel)
         if buffered:
             message = buffered.popleft()
@@ -218,14 +221,15 @@ class HermesRedisChannelLayer(RedisChannelLayer):
         except Exception as exc:
             for waiters in self._waiters.values():
                 for waiter in waiters:
-                    if not waiter.done():
+                    if not waiter.done() and not waiter.get_loop().is_closed():
                         waiter.set_exception(exc)
 
     def _hand_over(self, channel: str, message: dict) -> None:
         waiters = self._waiters.get(channel)
         while waiters:
             waiter = waiters.popleft()
-            if not waiter.done():
+            # A receive of a loop that was closed under it will never run.
+            if not waiter.done() and not waiter.get_loop().is_closed():
                 waiter.set_result(message)
                 return
         # Nobody waits: keep it, the oldest dropped past capacity (as stock).

@@ -210,3 +210,14 @@ def test_waiting_receives_get_the_error_when_redis_goes_away():
     with PrivateRedis() as redis:
         errors = asyncio.run(go(redis))
     assert len(errors) == 3 and all("Error" in name for name in errors), errors
+
+
+def test_a_process_receives_only_on_its_own_channels(redis_url):
+    async def go():
+        mine, theirs = _layer(redis_url), _layer(redis_url)
+        channel = await theirs.new_channel()
+        with pytest.raises(AssertionError, match="Wrong client prefix"):
+            await mine.receive(channel)
+        return mine._waiters
+
+    assert asyncio.run(go()) == {}
