@@ -1,6 +1,7 @@
 """Fixtures shared by every test: users, runs, and a real ASGI server."""
 
 import os
+import warnings
 
 import pytest
 
@@ -14,10 +15,30 @@ os.environ["HERMES_TITLES"] = "0"
 
 
 @pytest.fixture(scope="session", autouse=True)
-def _close_pool_connections(django_db_setup):
-    """Pool threads hold connections; close them before the test database goes."""
+def _close_pool_connections(django_db_setup, django_db_blocker):
+    """Pool threads hold connections; close them before the test database goes.
+
+    On PostgreSQL any other session still open on the test database (a
+    server thread's connection) would keep it from being dropped, leaving a
+    `test_hermes_<pid>` behind: those sessions of this run's own test
+    database are ended first.
+    """
     yield
     dbpool.shutdown()
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        return
+    try:
+        with django_db_blocker.unblock(), connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+    except Exception as exc:  # the drop then warns, as it did before
+        warnings.warn(
+            f"could not end the test database's other sessions: {exc}", stacklevel=1
+        )
 
 
 @pytest.fixture(autouse=True)
