@@ -26,6 +26,8 @@ const POST_ATTEMPTS = 3; // a send whose answer was lost is retried with the sam
 const SETTLE_RETRY_MS = 3000; // refetch of a finished run's messages, while offline
 
 export class ChatController {
+  #posting = Promise.resolve(); // the last queue or steer post (`queue`)
+
   /**
    * @param {object} ui elements and callbacks of the page (see app.js)
    */
@@ -141,8 +143,14 @@ export class ChatController {
     const model = this.ui.selectedModel();
     if (model && kind === "queue") body.model = model;
     this.ui.setError("");
+    // One post at a time, in the order typed: two in flight at once could
+    // reach the server, and take their places in the queue, the other way round.
+    const posted = this.#posting.then(() =>
+      api(urls.pending(session.id), { method: "POST", body }),
+    );
+    this.#posting = posted.catch(() => {});
     try {
-      await api(urls.pending(session.id), { method: "POST", body });
+      await posted;
       await this.refreshPending();
       return true;
     } catch (error) {
