@@ -172,9 +172,7 @@ class HermesRedisChannelLayer(RedisChannelLayer):
             if waiter.done() and not waiter.cancelled() and not waiter.exception():
                 # Handed over just as this receive was cancelled: the next one
                 # gets it, as if it had never left the buffer.
-                self._buffers.setdefault(
-                    channel, collections.deque(maxlen=self.capacity)
-                ).appendleft(waiter.result())
+                self._buffer(channel).appendleft(waiter.result())
             raise
         finally:
             if waiter in waiters:
@@ -221,21 +219,24 @@ class HermesRedisChannelLayer(RedisChannelLayer):
         except Exception as exc:
             for waiters in self._waiters.values():
                 for waiter in waiters:
-                    if not waiter.done() and not waiter.get_loop().is_closed():
+                    if _open(waiter):
                         waiter.set_exception(exc)
 
     def _hand_over(self, channel: str, message: dict) -> None:
         waiters = self._waiters.get(channel)
         while waiters:
             waiter = waiters.popleft()
-            # A receive of a loop that was closed under it will never run.
-            if not waiter.done() and not waiter.get_loop().is_closed():
+            if _open(waiter):
                 waiter.set_result(message)
                 return
-        # Nobody waits: keep it, the oldest dropped past capacity (as stock).
-        self._buffers.setdefault(
+        self._buffer(channel).append(message)
+
+    def _buffer(self, channel: str) -> collections.deque[dict]:
+        """What came for `channel` while nobody waited, the oldest dropped
+        past capacity (as the stock layer's buffer)."""
+        return self._buffers.setdefault(
             channel, collections.deque(maxlen=self.capacity)
-        ).append(message)
+        )
 
     async def _take_waiting(self, inbox: str) -> list[tuple[Any, dict]]:
         """Every message waiting in the inbox, up to `RECEIVE_BATCH`, in order."""
@@ -311,6 +312,12 @@ class HermesRedisChannelLayer(RedisChannelLayer):
                 ],
                 client=connection,
             )
+
+
+def _open(waiter: asyncio.Future) -> bool:
+    """Whether a waiting receive can still be given something: not already
+    settled, and of a loop that was not closed under it (it would never run)."""
+    return not waiter.done() and not waiter.get_loop().is_closed()
 
 
 _scripts: dict[str, AsyncScript] = {}
