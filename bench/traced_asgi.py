@@ -48,7 +48,10 @@ def _diff(a: str, b: str, top: int) -> dict:
 
 async def application(scope, receive, send):
     if scope["type"] != "http" or not scope["path"].startswith("/bench/"):
-        return await hermes(scope, receive, send)
+        # Holding none of these here: Hermes lets go of what it no longer needs.
+        served = hermes(scope, receive, send)
+        del scope, receive, send
+        return await served
     query = {k: v[0] for k, v in parse_qs(scope["query_string"].decode()).items()}
     if scope["path"] == "/bench/snapshot":
         import gc

@@ -50,14 +50,16 @@ class SSEResponse(StreamingHttpResponse):
         self["Cache-Control"] = "no-cache"
         self["X-Accel-Buffering"] = "no"  # no proxy buffering of a live stream
 
-    def detach(self, request) -> SSEBody:
+    def detach(self, request, start: dict) -> SSEBody:
         """The body, to serve once this response and `request` are closed
         (Django closes the request with the response; a GET's request has
-        nothing to close later)."""
+        nothing to close later), beginning with `start`, the response's
+        `http.response.start`."""
         self._resource_closers.remove(request.close)  # type: ignore[attr-defined]
         request.close()
         body, self.body = self.body, None
         assert body is not None, "detached once"
+        body.start = start
         return body
 
     def close(self) -> None:
@@ -71,32 +73,43 @@ class SSEBody:
     token or session is revoked, `chat.access.Credential`) and holding one of
     the user's stream slots (`chat.limits`) until it ends."""
 
-    __slots__ = ("frames", "credential", "slot")
+    __slots__ = ("frames", "credential", "slot", "start")
 
     def __init__(self, frames: AsyncGenerator[str | bytes], credential, slot):
         self.frames, self.credential, self.slot = frames, credential, slot
+        self.start: dict | None = None  # `http.response.start`, until sent
 
-    async def serve(self, start: dict, send, receive) -> None:
+    async def serve(self, send, on_disconnect) -> None:
         """Send `start` (`http.response.start`) and the body from the calling
-        task until it ends, the client leaves or the credential is revoked:
-        one task waits for the disconnect; the credential's check is shared
-        by its streams (`chat.access.watch_credential`)."""
+        task until it ends, the client leaves or the credential is revoked.
+        `on_disconnect(left)` calls `left` when the client leaves and returns
+        what stops that (`hermes_site.backpressure.SSEFlow.on_disconnect`);
+        the credential's check is shared by its streams
+        (`chat.access.watch_credential`)."""
         serving = _Serving(asyncio.current_task())
-        waiting = asyncio.ensure_future(serving.until_disconnect(receive))
+        unwatch_client = on_disconnect(serving.gone)
         watch_credential(self.credential, serving)
         try:
+            start, self.start = self.start, None
+            assert start is not None, "detached with its start"
             await send(start)
+            del start  # sent: an idle stream holds no copy of its headers
             async for chunk in self.frames:
                 body = chunk.encode() if isinstance(chunk, str) else chunk
-                more = {"type": "http.response.body", "body": body, "more_body": True}
-                await send(more)
+                del chunk  # nothing sent stays held while the stream waits
+                await send(
+                    {"type": "http.response.body", "body": body, "more_body": True}
+                )
+                del body
+                if serving.ended:  # in case a library swallowed its cancellation
+                    break
         except asyncio.CancelledError:
             if not serving.ours():
                 raise
         finally:
             ended = serving.finish()  # no cancellation by the guards after this
             unwatch_credential(self.credential, serving)
-            waiting.cancel()
+            unwatch_client()
             self.slot.release()
             await self.frames.aclose()
         if ended != _GONE:
@@ -135,9 +148,7 @@ class _Serving:
         self.ended = self.ended or _DONE
         return self.ended
 
-    async def until_disconnect(self, receive) -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
+    def gone(self) -> None:
         self.stop(_GONE)
 
 
@@ -224,6 +235,7 @@ async def _frames(run_id: str, after_seq: int, note: str):
             continue
         for chunk in writes:
             yield chunk
+        del writes, chunk  # nothing sent stays held while the stream waits
 
 
 def _authenticated_user_id(request) -> int | None:
@@ -285,7 +297,9 @@ async def _notifications(user_id: int):
                     yield wire.sse_message("hello", {})
                 backoff.reset()
             try:
-                message = await asyncio.wait_for(layer.receive(channel), keepalive_s)
+                # asyncio.timeout: wait_for can swallow the stream's cancellation
+                async with asyncio.timeout(keepalive_s):
+                    message = await layer.receive(channel)
             except TimeoutError:
                 yield wire.KEEPALIVE
                 continue

@@ -29,7 +29,7 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (after Django setup
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chat.routing import websocket_urlpatterns  # noqa: E402
-from chat.sse import SSEResponse  # noqa: E402
+from chat.sse import SSEBody, SSEResponse  # noqa: E402
 from chat.ws_security import origin_checked  # noqa: E402
 from hermes_site.backpressure import SSEFlow  # noqa: E402
 from hermes_site.heap import freeze_startup_heap  # noqa: E402
@@ -39,34 +39,28 @@ _stream_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hermes-st
 
 
 class HermesASGIHandler(ASGIHandler):
-    async def __call__(self, scope, receive, send):
-        if scope["type"] == "http" and STREAM_PATHS.match(scope["path"]):
-            await self.stream(scope, SSEFlow(receive, send))
-        else:
-            await super().__call__(scope, receive, send)
-
-    async def stream(self, scope, flow: SSEFlow) -> None:
+    async def stream(self, scope, flow: SSEFlow) -> SSEBody | None:
         """A streaming request: Django's request cycle up to the response (the
-        middleware, the view), then an `SSEResponse`'s body served outside
-        that cycle (`SSEBody.serve`). Django would keep the request, the
-        resolver match, the middleware's closures, the response and two tasks
-        for as long as a streaming body lasts (docs/benchmarks.md, finding
-        15). Any other response goes out as Django sends it.
+        middleware, the view). An `SSEResponse`'s body comes back, detached,
+        to be served outside that cycle (`SSEBody.serve`): Django would keep
+        the request, the resolver match, the middleware's closures, the
+        response and two tasks for as long as a streaming body lasts
+        (docs/benchmarks.md, finding 15). Any other response goes out here,
+        as Django sends it.
         """
         async with ThreadSensitiveContext(executor=_stream_thread):
             request, response = await self._respond(scope, flow.receive)
             if response is None:
-                return
+                return None
             try:
                 if not isinstance(response, SSEResponse):
                     await self.send_response(response, flow.send)
-                    return
+                    return None
                 start = _start_message(response)
-                body = response.detach(request)
+                body = response.detach(request, start)
             finally:
                 await sync_to_async(response.close)()
-        del request, response  # the request cycle is over: none of it is held
-        await body.serve(start, flow.send, flow.receive)
+        return body
 
     async def _respond(
         self, scope, receive
@@ -129,11 +123,30 @@ def warm_up() -> None:
 
 warm_up()
 
-application = ProtocolTypeRouter(
+_http = HermesASGIHandler()
+_router = ProtocolTypeRouter(
     {
-        "http": HermesASGIHandler(),
+        "http": _http,
         "websocket": origin_checked(
             AuthMiddlewareStack(URLRouter(websocket_urlpatterns))
         ),
     }
 )
+
+
+async def application(scope, receive, send):
+    """The site: streaming requests to `HermesASGIHandler.stream`, the rest
+    through Channels' router (HTTP to Django, WebSockets to Channels)."""
+    if scope["type"] == "http" and STREAM_PATHS.match(scope["path"]):
+        flow = SSEFlow(receive, send)
+        # Only the flow holds `receive` and `send` now: under daphne it lets
+        # go of the request's input queue while the stream is served
+        # (`SSEFlow.on_disconnect`), and nothing of the request cycle stays
+        # (an idle stream's memory counts, docs/benchmarks.md).
+        del receive, send
+        body = await _http.stream(scope, flow)
+        del scope
+        if body is not None:
+            await body.serve(flow.send, flow.on_disconnect)
+        return None
+    return await _router(scope, receive, send)

@@ -20,7 +20,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from django.conf import settings
@@ -165,16 +165,19 @@ class SSEFlow:
     """Wraps one streaming response's `send` and `receive` (see the module text).
 
     When the reader is given up on, the response ends with an SSE comment, and
-    `receive` reports a disconnect so Django stops the response's generator.
+    whoever watches for the client leaving (`receive`, `on_disconnect`) is
+    told the client left, so the response's body stops.
     """
 
     def __init__(self, receive, send):
         self._receive, self._send = receive, send
+        self._protocol = _daphne_protocol_of(send)
         self.transport = transport_of(send)
         self._given_up = False
         # The task waiting in `receive`, interrupted when the reader is given
         # up on: no task or event of its own (an idle stream's memory counts).
         self._receiver: asyncio.Task | None = None
+        self._doorbell: _Doorbell | None = None  # see `on_disconnect`
 
     async def send(self, message: Mapping[str, Any]) -> None:
         if self._given_up:
@@ -190,6 +193,8 @@ class SSEFlow:
             self._given_up = True
             if self._receiver is not None:
                 self._receiver.cancel()
+            if self._doorbell is not None:
+                self._doorbell.ring()
             body = wire.sse_comment(f"closed: {reason}").encode()
             await self._send({"type": "http.response.body", "body": body})
             _close_after_flush(self.transport)
@@ -209,3 +214,66 @@ class SSEFlow:
             raise
         finally:
             self._receiver = None
+
+    def on_disconnect(self, left: Callable[[], None]) -> Callable[[], None]:
+        """Call `left` once the client leaves or is given up on, from now until
+        the returned function is called. The request's body must have been
+        read: `receive` is not to be called after this.
+
+        Elsewhere a task waits in `receive` for the disconnect. Under daphne
+        no task waits: daphne tells the request's input queue (an
+        `asyncio.Queue`) when the client leaves, and that queue is replaced
+        here by a `_Doorbell` that calls `left`. The queue, its three deques
+        and the waiting task were an idle stream's largest holders of memory
+        (docs/benchmarks.md, finding 17); once the caller drops the `receive`
+        it was given, nothing holds the queue.
+        """
+        queue = getattr(self._protocol, "application_queue", None)
+        if self.transport is None or not isinstance(queue, asyncio.Queue):
+            waiting = asyncio.ensure_future(self._until_disconnect(left))
+
+            def stop() -> None:
+                waiting.cancel()
+
+            return stop
+        self._doorbell = doorbell = _Doorbell(left)
+        self._protocol.application_queue = doorbell
+        self._receive = _read_after_doorbell
+        gone = self._given_up or self.transport.disconnected
+        while not queue.empty():  # what daphne said before the doorbell was in
+            if queue.get_nowait()["type"] == "http.disconnect":
+                gone = True
+        if gone:
+            asyncio.get_running_loop().call_soon(doorbell.ring)
+        return doorbell.silence
+
+    async def _until_disconnect(self, left: Callable[[], None]) -> None:
+        while (await self.receive())["type"] != "http.disconnect":
+            pass
+        left()
+
+
+class _Doorbell:
+    """Stands in for daphne's input queue of a request whose body is read:
+    daphne's only message to it then is `http.disconnect` (`put_nowait`)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: Callable[[], None]):
+        self.left: Callable[[], None] | None = left
+
+    def put_nowait(self, message: Mapping[str, Any]) -> None:
+        if message["type"] == "http.disconnect":
+            self.ring()
+
+    def ring(self) -> None:
+        left, self.left = self.left, None
+        if left is not None:
+            left()
+
+    def silence(self) -> None:
+        self.left = None
+
+
+async def _read_after_doorbell() -> dict:
+    raise RuntimeError("the client's leaving is told by SSEFlow.on_disconnect")

@@ -268,10 +268,10 @@ def append_many(
     never costs another run anything. Each run at most once; no `end` here:
     runs end through `append`.
 
-    On PostgreSQL the whole tick is one statement (`_take_and_insert_postgresql`);
-    elsewhere two. A statement per run would be cheap for the database but not
-    for the writer thread, which must win the GIL back from a busy event loop
-    after each one (docs/benchmarks.md).
+    On PostgreSQL the whole tick is one statement (`_take_and_insert_postgresql`),
+    committed by itself; elsewhere two in a transaction. A statement per run
+    would be cheap for the database but not for the writer thread, which must
+    win the GIL back from a busy event loop after each one (docs/benchmarks.md).
     """
     results: list[list[Record] | AppendRejected | InvalidEvent] = []
     valid: list[tuple[str, int, list[tuple[str, str]]]] = []
@@ -293,10 +293,12 @@ def append_many(
     if not valid:
         return results
     now = timezone.now()
-    with transaction.atomic():
-        if connection.vendor == "postgresql":
-            taken = _take_and_insert_postgresql(valid, now)
-        else:
+    if connection.vendor == "postgresql":
+        # One statement is a transaction of its own: no BEGIN and COMMIT
+        # round trips around it, each a wait for the GIL in the writer thread.
+        taken = _take_and_insert_postgresql(valid, now)
+    else:
+        with transaction.atomic():
             taken = _take_and_insert(valid, now)
     encoded = {run_id: events for run_id, _token, events in valid}
     appended = 0

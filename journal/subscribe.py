@@ -90,8 +90,12 @@ class RunHub:
             await asyncio.gather(self._task, return_exceptions=True)
 
     async def wait_ready(self, timeout: float) -> bool:
+        # asyncio.timeout, not wait_for: on Python 3.11 wait_for swallows a
+        # cancellation that comes as the event is set, and a stream whose
+        # client left would go on (a leaked stream slot; test_disconnects).
         try:
-            await asyncio.wait_for(self.ready.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self.ready.wait()
         except TimeoutError:
             return False
         return True
@@ -428,15 +432,18 @@ async def _stream(
     idle_s = idle_s or 3600
     hub = registry.acquire_nowait(run_id)
     metrics.SUBSCRIPTIONS.inc()
-    pages = _JournalPages(registry, run_id)
+    pages: _JournalPages | None = None  # while the reader is behind the window
     backoff = Backoff(first=0.2, cap=DB_RETRY_CAP_S)
     shared: RunHub | None
+    batch: list[Record] | None
+    part: list[Record] | None
     try:
         while not await hub.wait_ready(idle_s):
             yield []  # the hub waits out a database outage
         cursor = after_seq
         while hub.end_seq is None or cursor < hub.end_seq:
             if cursor < hub.base:
+                pages = pages or _JournalPages(registry, run_id)
                 try:
                     batch = await pages.after(cursor, prefetch_below=hub.base)
                 except DATABASE_ERRORS as exc:
@@ -463,6 +470,11 @@ async def _stream(
                 continue
             else:
                 started = 0.0  # waiting for news: not a replay any more
+                # An idle reader holds no page and no batch of its own.
+                if pages is not None:
+                    pages.close()
+                    pages = None
+                batch = part = None
                 await hub.wait_changed(idle_s)
                 if cursor >= hub.tail and (hub.end_seq is None or cursor < hub.end_seq):
                     yield []
@@ -484,6 +496,7 @@ async def _stream(
             if batch[-1].type == TERMINAL:
                 return
     finally:
-        pages.close()
+        if pages is not None:
+            pages.close()
         metrics.SUBSCRIPTIONS.dec()
         await registry.release(hub)

@@ -80,3 +80,58 @@ def test_streams_end_promptly_when_their_clients_leave(
         daphne.terminate()
         daphne.wait(20)
     assert "took too long to shut down" not in log.read_text()
+
+
+def _holds_all_slots(port: int, path: str, token: str, slots: int) -> bool:
+    """Whether the user can hold `slots` streams at once now (then let go)."""
+    socks = []
+    try:
+        for _ in range(slots):
+            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            socks.append(sock)
+            sock.sendall(
+                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                f"Authorization: Token {token}\r\n\r\n".encode()
+            )
+            if not sock.recv(4096).startswith(b"HTTP/1.1 200"):
+                return False
+        return True
+    finally:
+        for sock in socks:
+            sock.close()
+
+
+def test_clients_that_leave_before_their_stream_starts_free_their_slots(
+    transactional_db, django_user_model, tmp_path
+):
+    """Clients gone while their request is still in Django's hands (before
+    the body is served, when daphne's disconnect is still queued) end their
+    streams too: every stream slot comes back. daphne would kill instances
+    that outlive their client only after two minutes here: the slots come
+    back sooner only if Hermes heard each client leave."""
+    user, headers = make_user(django_user_model, "early")
+    run = running_run(user, lease_s=600)
+    token = headers["Authorization"].split()[1]
+    port = free_port()
+    slots = 4
+    env = subprocess_env(
+        HERMES_SSE_KEEPALIVE_S="30", HERMES_USER_MAX_STREAMS=str(slots)
+    )
+    env.pop("REDIS_URL", None)
+    log = tmp_path / "daphne.log"
+    args = [*daphne_args(port), "--application-close-timeout", "120"]
+    daphne = spawn_logged(args, env, log, "Listening on TCP address")
+    base = f"http://127.0.0.1:{port}"
+    path = f"/api/runs/{run.id}/events/"
+    try:
+        for _ in range(10 * slots):  # each sends its request and leaves at once
+            with socket.create_connection(("127.0.0.1", port)) as sock:
+                sock.sendall(
+                    f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+                    f"Authorization: Token {token}\r\n\r\n".encode()
+                )
+        wait_until(lambda: _holds_all_slots(port, path, token, slots), 60)
+        wait_until(lambda: _gauge(base, "hermes_subscriptions_active") == 0, 30)
+    finally:
+        daphne.terminate()
+        daphne.wait(20)

@@ -169,6 +169,39 @@ def test_append_many_refuses_an_ended_run_and_a_run_twice(alice):
     assert Run.objects.get(id=live.id).last_seq == 2
 
 
+def test_append_many_is_all_or_nothing_and_committed_when_it_returns(alice):
+    """One run's rows cannot be stored (a row already holds its next seq):
+    no run of the tick keeps anything, seqs included. A tick that lands is
+    committed when `append_many` returns (on PostgreSQL its one statement is
+    its own transaction), seen at once by another connection."""
+    from django.db import IntegrityError, connection
+    from django.utils import timezone
+
+    blocked, other = running_run(alice[0]), running_run(alice[0])
+    Event.objects.create(
+        run=blocked, seq=1, type="token", payload="{}", created_at=timezone.now()
+    )
+    with pytest.raises(IntegrityError):
+        append_many([(other.id, 1, _tokens(2)), (blocked.id, 1, _tokens(1))])
+    assert Run.objects.get(id=other.id).last_seq == 0
+    assert not Event.objects.filter(run=other).exists()
+
+    assert not connection.in_atomic_block
+    [records] = append_many([(other.id, 1, _tokens(3))])
+    assert [r.seq for r in records] == [1, 2, 3]
+    if connection.vendor == "postgresql":
+        import psycopg
+
+        assert connection.connection.info.transaction_status.name == "IDLE"
+        params = connection.get_connection_params()
+        params.pop("cursor_factory", None)
+        with psycopg.connect(**params) as elsewhere:
+            seen = elsewhere.execute(
+                "SELECT count(*) FROM journal_event WHERE run_id = %s", [other.id]
+            ).fetchone()
+        assert seen == (3,)
+
+
 def test_the_event_table_has_no_second_index_on_the_run(db):
     """`event_unique_run_seq` serves lookups by run (journal/0007)."""
     from django.db import connection
