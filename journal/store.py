@@ -269,9 +269,10 @@ def append_many(
     runs end through `append`.
 
     On PostgreSQL the whole tick is one statement (`_take_and_insert_postgresql`),
-    committed by itself; elsewhere two in a transaction. A statement per run
-    would be cheap for the database but not for the writer thread, which must
-    win the GIL back from a busy event loop after each one (docs/benchmarks.md).
+    committed by itself; on SQLite three of one step each, in a transaction
+    (`_take_and_insert`). A statement, or a row, per run would be cheap for
+    the database but not for the writer thread, which must win the GIL back
+    from a busy event loop after each one (docs/benchmarks.md).
     """
     results: list[list[Record] | AppendRejected | InvalidEvent] = []
     valid: list[tuple[str, int, list[tuple[str, str]]]] = []
@@ -319,36 +320,58 @@ def append_many(
 def _take_and_insert(
     valid: list[tuple[str, int, list[tuple[str, str]]]], now: datetime
 ) -> dict[str, int]:
-    """Take each run's seqs (one fenced UPDATE) and insert the taken runs' rows;
-    `{run_id: its new last seq}` for the runs taken."""
+    """Take each run's seqs (one fenced UPDATE), read the taken runs' new last
+    seqs back (one row) and insert their rows (one statement over a JSON
+    array); `{run_id: its new last seq}` for the runs taken.
+
+    A step of a statement is a step whatever the tick's size: SQLite's Python
+    module lets the GIL go around each, every row of an `executemany` or of a
+    `RETURNING` included, and the writer thread must win it back from a busy
+    event loop each time (docs/benchmarks.md, finding 17).
+    """
     counts = [x for run_id, _t, events in valid for x in (run_id, len(events))]
     fences = [x for run_id, token, _e in valid for x in (run_id, token)]
+    fenced = (
+        " WHERE status IN "
+        + _ACTIVE_IN
+        + " AND ("
+        + " OR ".join(["(id = %s AND fencing_token = %s)"] * len(valid))
+        + ")"
+    )
     with connection.cursor() as cursor:
         cursor.execute(
             "UPDATE journal_run SET last_seq = last_seq + CASE id"
             + " WHEN %s THEN %s" * len(valid)
-            + " END WHERE status IN "
-            + _ACTIVE_IN
-            + " AND ("
-            + " OR ".join(["(id = %s AND fencing_token = %s)"] * len(valid))
-            + ") RETURNING id, last_seq",
+            + " END"
+            + fenced,
             [*counts, *Run.ACTIVE, *fences],
         )
-        taken = dict(cursor.fetchall())
-        created = connection.ops.adapt_datetimefield_value(now)
-        rows: list[tuple] = []
+        # The rows just updated: the update changed no column of the fence.
+        cursor.execute(
+            "SELECT json_group_array(json_array(id, last_seq)) FROM journal_run"
+            + fenced,
+            [*Run.ACTIVE, *fences],
+        )
+        taken = dict(json.loads(cursor.fetchone()[0]))
+        rows: list[tuple[str, int, str, str]] = []
         for run_id, _token, events in valid:
             if run_id in taken:
                 first = taken[run_id] - len(events) + 1
                 rows.extend(
-                    (run_id, first + j, t, payload, created)
+                    (run_id, first + j, t, payload)
                     for j, (t, payload) in enumerate(events)
                 )
-        cursor.executemany(
-            "INSERT INTO journal_event (run_id, seq, type, payload, created_at)"
-            " VALUES (%s, %s, %s, %s, %s)",
-            rows,
-        )
+        if rows:
+            cursor.execute(
+                "INSERT INTO journal_event (run_id, seq, type, payload, created_at)"
+                " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
+                " json_extract(value, '$[2]'), json_extract(value, '$[3]'), %s"
+                " FROM json_each(%s)",
+                [
+                    connection.ops.adapt_datetimefield_value(now),
+                    json.dumps(rows, ensure_ascii=False),
+                ],
+            )
     return taken
 
 
