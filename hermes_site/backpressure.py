@@ -178,6 +178,7 @@ class SSEFlow:
         # up on: no task or event of its own (an idle stream's memory counts).
         self._receiver: asyncio.Task | None = None
         self._doorbell: _Doorbell | None = None  # see `on_disconnect`
+        self._headers_held = self.transport is not None  # see `_forget_headers`
 
     async def send(self, message: Mapping[str, Any]) -> None:
         if self._given_up:
@@ -185,6 +186,8 @@ class SSEFlow:
         await self._send(message)
         if message["type"] != "http.response.body" or not message.get("more_body"):
             return
+        if self._headers_held:
+            self._headers_held = _forget_headers(self._protocol)
         flush_now(self.transport)
         pending = await wait_drained(self.transport)
         if pending:
@@ -251,6 +254,22 @@ class SSEFlow:
         while (await self.receive())["type"] != "http.disconnect":
             pass
         left()
+
+
+def _forget_headers(request: Any) -> bool:
+    """Let go of the headers Twisted keeps once it has written them; whether
+    they are still held (not written yet).
+
+    Twisted's request keeps a copy of every response header (its `Headers`,
+    about 1 KiB for a stream's) for as long as the response lasts, but reads
+    them only to write them, before the body's first bytes (`Request.write`).
+    """
+    if not getattr(request, "startedWriting", False):
+        return True
+    from twisted.web.http_headers import Headers
+
+    request.responseHeaders = Headers()
+    return False
 
 
 class _Doorbell:
