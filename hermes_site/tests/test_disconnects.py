@@ -38,14 +38,28 @@ def _gauge(base: str, name: str) -> float:
     raise AssertionError(f"no {name}")
 
 
-def _open(port: int, path: str, token: str) -> socket.socket:
-    sock = socket.create_connection(("127.0.0.1", port))
+def _request(port: int, path: str, token: str) -> socket.socket:
+    """A connection that has sent a stream's request, nothing read yet."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=30)
     sock.sendall(
         f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
         f"Authorization: Token {token}\r\n\r\n".encode()
     )
+    return sock
+
+
+def _open(port: int, path: str, token: str) -> socket.socket:
+    sock = _request(port, path, token)
     assert sock.recv(4096).startswith(b"HTTP/1.1 200")  # headers, then the stream
     return sock
+
+
+def _daphne(tmp_path, port: int, close_timeout_s: float, **env):
+    """A daphne of its own (no Redis) whose streams idle between keepalives."""
+    env = subprocess_env(HERMES_SSE_KEEPALIVE_S="30", **env)
+    env.pop("REDIS_URL", None)
+    args = [*daphne_args(port), "--application-close-timeout", str(close_timeout_s)]
+    return spawn_logged(args, env, tmp_path / "daphne.log", "Listening on TCP address")
 
 
 def test_streams_end_promptly_when_their_clients_leave(
@@ -55,11 +69,7 @@ def test_streams_end_promptly_when_their_clients_leave(
     run = running_run(user, lease_s=600)  # never ends: only the clients leave
     token = headers["Authorization"].split()[1]
     port = free_port()
-    env = subprocess_env(HERMES_SSE_KEEPALIVE_S="30")  # idle between keepalives
-    env.pop("REDIS_URL", None)
-    log = tmp_path / "daphne.log"
-    args = [*daphne_args(port), "--application-close-timeout", str(CLOSE_TIMEOUT_S)]
-    daphne = spawn_logged(args, env, log, "Listening on TCP address")
+    daphne = _daphne(tmp_path, port, CLOSE_TIMEOUT_S)
     base = f"http://127.0.0.1:{port}"
     try:
         socks = [
@@ -79,7 +89,7 @@ def test_streams_end_promptly_when_their_clients_leave(
     finally:
         daphne.terminate()
         daphne.wait(20)
-    assert "took too long to shut down" not in log.read_text()
+    assert "took too long to shut down" not in (tmp_path / "daphne.log").read_text()
 
 
 def _holds_all_slots(port: int, path: str, token: str, slots: int) -> bool:
@@ -87,12 +97,8 @@ def _holds_all_slots(port: int, path: str, token: str, slots: int) -> bool:
     socks = []
     try:
         for _ in range(slots):
-            sock = socket.create_connection(("127.0.0.1", port), timeout=30)
+            sock = _request(port, path, token)
             socks.append(sock)
-            sock.sendall(
-                f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                f"Authorization: Token {token}\r\n\r\n".encode()
-            )
             if not sock.recv(4096).startswith(b"HTTP/1.1 200"):
                 return False
         return True
@@ -114,22 +120,12 @@ def test_clients_that_leave_before_their_stream_starts_free_their_slots(
     token = headers["Authorization"].split()[1]
     port = free_port()
     slots = 4
-    env = subprocess_env(
-        HERMES_SSE_KEEPALIVE_S="30", HERMES_USER_MAX_STREAMS=str(slots)
-    )
-    env.pop("REDIS_URL", None)
-    log = tmp_path / "daphne.log"
-    args = [*daphne_args(port), "--application-close-timeout", "120"]
-    daphne = spawn_logged(args, env, log, "Listening on TCP address")
+    daphne = _daphne(tmp_path, port, 120, HERMES_USER_MAX_STREAMS=str(slots))
     base = f"http://127.0.0.1:{port}"
     path = f"/api/runs/{run.id}/events/"
     try:
         for _ in range(10 * slots):  # each sends its request and leaves at once
-            with socket.create_connection(("127.0.0.1", port)) as sock:
-                sock.sendall(
-                    f"GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n"
-                    f"Authorization: Token {token}\r\n\r\n".encode()
-                )
+            _request(port, path, token).close()
         wait_until(lambda: _holds_all_slots(port, path, token, slots), 60)
         wait_until(lambda: _gauge(base, "hermes_subscriptions_active") == 0, 30)
     finally:
