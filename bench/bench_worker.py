@@ -391,7 +391,7 @@ def run(args):
     env = common.child_env()
     _, token = common.make_user("worker-bench")
     common.close_db()
-    sweep = [200] if args.quick else [25, 50, 100, 150, 200]
+    sweep = args.runs or ([200] if args.quick else [25, 50, 100, 150, 200])
     results = asyncio.run(_main(args, env, token, sweep))
     through = None
     if not args.quick or args.durability:
@@ -462,5 +462,10 @@ if __name__ == "__main__":
         "--durability",
         action="store_true",
         help="with --quick: also the pass-through build (the full sweep always does)",
+    )
+    parser.add_argument(
+        "--runs",
+        type=lambda text: [int(n) for n in text.split(",")],
+        help="the sweep's steps, e.g. 25,50 (default 25,50,100,150,200; --quick 200)",
     )
     common.bench_main("worker", run, parser)

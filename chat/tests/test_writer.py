@@ -53,6 +53,26 @@ def test_no_text_event_exceeds_64_kib_and_the_text_is_whole(alice):
     assert writer.rows_written == len(rows) == Run.objects.get(id=run.id).last_seq
 
 
+def test_what_is_added_after_a_pause_is_committed_without_waiting_a_tick(
+    alice, monkeypatch
+):
+    """Ticks start at most every INTERVAL_S, counted from the last one: the
+    first event after a pause (a run's start, the first token after a tool
+    call) is not held back for a whole tick."""
+    monkeypatch.setattr("chat.writer.INTERVAL_S", 3600.0)
+    run = running_run(alice[0])
+
+    async def write():
+        writer = BatchWriter(run_id=run.id, token=1)
+        writer.add("token", {"text": "first"})
+        # An hour's tick would time this out: the first tick starts at once.
+        await asyncio.wait_for(writer.flush(), timeout=60)
+        writer.close()
+
+    asyncio.run(write())
+    assert [json.loads(p) for _, p in _rows(run)] == [{"text": "first"}]
+
+
 def test_nul_and_lone_surrogates_are_journaled_as_replacement_characters(alice):
     run = running_run(alice[0])
 
