@@ -88,6 +88,44 @@ def flush_now(transport: Any | None) -> None:
         transport.doWrite()
 
 
+def write_chunk(request: Any, transport: Any | None, body: bytes) -> bool:
+    """Send one chunk of a streaming response's body straight to its socket,
+    when daphne has started the response and nothing is waiting to be sent;
+    whether it did (if not, the chunk goes through daphne as any other).
+
+    The way through daphne and Twisted (`handle_reply`, `Request.write`, the
+    transport's buffer, registering the socket for writability and, once
+    `flush_now` has written it, unregistering it: two epoll changes) cost a
+    web process serving many readers more per frame than the frame's own
+    work (docs/benchmarks.md, finding 18). This is what `Request.write` does
+    for a chunked response, the chunk's framing and its count of bytes sent,
+    then Twisted's own `writeSomeData`. What the socket does not take now is
+    left in the transport's buffer for the reactor, as a write through daphne
+    would; a socket that failed is left to the reactor to find and close.
+    """
+    if (
+        transport is None
+        or not body
+        or getattr(transport, "TLS", True)
+        or not transport.connected
+        or transport.disconnecting
+        or unsent_bytes(transport)
+        or not getattr(request, "startedWriting", False)
+        or not getattr(request, "chunked", False)
+        or request.finished
+        or request.channel is None
+    ):
+        return False
+    chunk = b"%x\r\n%b\r\n" % (len(body), body)
+    request.sentLength += len(body)
+    sent = transport.writeSomeData(chunk)
+    if isinstance(sent, Exception):  # lost: the reactor finds out and closes
+        sent = 0
+    if sent < len(chunk):
+        transport.write(chunk[sent:])
+    return True
+
+
 def slow_reader_s() -> float:
     return settings.HERMES.get("SLOW_READER_S", 30.0)
 
@@ -183,12 +221,16 @@ class SSEFlow:
     async def send(self, message: Mapping[str, Any]) -> None:
         if self._given_up:
             return
-        await self._send(message)
         if message["type"] != "http.response.body" or not message.get("more_body"):
+            await self._send(message)
             return
-        if self._headers_held:
-            self._headers_held = _forget_headers(self._protocol)
-        flush_now(self.transport)
+        if self._headers_held or not write_chunk(
+            self._protocol, self.transport, message["body"]
+        ):
+            await self._send(message)
+            if self._headers_held:
+                self._headers_held = _forget_headers(self._protocol)
+            flush_now(self.transport)
         pending = await wait_drained(self.transport)
         if pending:
             reason = too_slow_reason(pending)
