@@ -73,19 +73,26 @@ def append(
         if event_type == TERMINAL and i != len(events) - 1:
             raise ValueError("end must be the last event of a run")
     now = timezone.now()
+    end_type, end_payload = events[-1]
+    if end_type != TERMINAL and not run_fields:
+        # The hot path (text, tool steps): `append_many`'s statements, one
+        # round trip on PostgreSQL instead of BEGIN, UPDATE, INSERT and COMMIT.
+        encoded = [(t, encode(p)) for t, p in events]
+        taken = _take_and_insert_any([(run_id, token, encoded)], now)
+        if run_id not in taken:
+            raise AppendRejected(run_id, _rejection_reason(run_id, token))
+        first = taken[run_id] - len(encoded) + 1
+        metrics.EVENTS_APPENDED.inc(len(encoded))
+        return [Record(first + i, t, p) for i, (t, p) in enumerate(encoded)]
     with transaction.atomic():
-        end_type, end_payload = events[-1]
-        if end_type == TERMINAL or run_fields:
-            last_seq = _take_seqs_settling(
-                run_id,
-                token,
-                len(events),
-                end_payload if end_type == TERMINAL else None,
-                run_fields,
-                now,
-            )
-        else:
-            last_seq = _take_seqs(run_id, token, len(events))
+        last_seq = _take_seqs_settling(
+            run_id,
+            token,
+            len(events),
+            end_payload if end_type == TERMINAL else None,
+            run_fields,
+            now,
+        )
         first = last_seq - len(events) + 1
         records = [
             Record(first + i, event_type, encode(payload))
@@ -105,30 +112,11 @@ def append(
 _ACTIVE_IN = "(" + ", ".join(["%s"] * len(Run.ACTIVE)) + ")"
 
 
-def _take_seqs(run_id: str, token: int, count: int) -> int:
-    """The hot path: one fenced UPDATE that takes `count` seqs and returns the last.
-
-    Plain SQL because the ORM's update-then-select costs more than the write
-    itself (docs/benchmarks.md); RETURNING is in SQLite 3.35+ and PostgreSQL.
-    """
-    with connection.cursor() as cursor:
-        cursor.execute(
-            "UPDATE journal_run SET last_seq = last_seq + %s"
-            " WHERE id = %s AND fencing_token = %s AND status IN "
-            + _ACTIVE_IN
-            + " RETURNING last_seq",
-            [count, run_id, token, *Run.ACTIVE],
-        )
-        row = cursor.fetchone()
-    if row is None:
-        raise AppendRejected(run_id, _rejection_reason(run_id, token))
-    return row[0]
-
-
 def _take_seqs_settling(
     run_id: str, token: int, count: int, end: dict | None, run_fields: dict | None, now
 ) -> int:
-    """Like `_take_seqs`, also saving `run_fields`; with an `end`, settles the run."""
+    """Take `count` seqs under the fence, saving `run_fields`; with an `end`,
+    settle the run. Returns the run's new last seq."""
     updates: dict = {"last_seq": F("last_seq") + count, **(run_fields or {})}
     if end is not None:
         error = end.get("error") or {}
@@ -293,14 +281,7 @@ def append_many(
         raise ValueError("append_many takes each run at most once")
     if not valid:
         return results
-    now = timezone.now()
-    if connection.vendor == "postgresql":
-        # One statement is a transaction of its own: no BEGIN and COMMIT
-        # round trips around it, each a wait for the GIL in the writer thread.
-        taken = _take_and_insert_postgresql(valid, now)
-    else:
-        with transaction.atomic():
-            taken = _take_and_insert(valid, now)
+    taken = _take_and_insert_any(valid, timezone.now())
     encoded = {run_id: events for run_id, _token, events in valid}
     appended = 0
     for i, (run_id, token, _events) in enumerate(batches):
@@ -315,6 +296,17 @@ def append_many(
         appended += len(stored)
     metrics.EVENTS_APPENDED.inc(appended)
     return results
+
+
+def _take_and_insert_any(
+    valid: list[tuple[str, int, list[tuple[str, str]]]], now: datetime
+) -> dict[str, int]:
+    if connection.vendor == "postgresql":
+        # One statement is a transaction of its own: no BEGIN and COMMIT
+        # round trips around it, each a wait for the GIL in the writer thread.
+        return _take_and_insert_postgresql(valid, now)
+    with transaction.atomic():
+        return _take_and_insert(valid, now)
 
 
 def _take_and_insert(
