@@ -113,6 +113,8 @@ def write_chunk(request: Any, transport: Any | None, body: bytes) -> bool:
         or not getattr(request, "startedWriting", False)
         or not getattr(request, "chunked", False)
         or request.finished
+        or request._disconnected
+        or getattr(request, "queued", False)
         or request.channel is None
     ):
         return False
