@@ -150,6 +150,35 @@ def test_group_send_many_queues_each_message_for_every_live_member(redis_url):
     assert list(roomy.values()) == [[0, 1]]
 
 
+def test_group_send_reaches_every_live_member_in_order(redis_url):
+    """One group's send goes through `group_send_many`'s two script calls: its
+    members in this process's inbox, another's and a channel of their own get
+    each message once, in order; an expired member gets nothing."""
+
+    async def go():
+        web, other = _layer(redis_url), _layer(redis_url)
+        a, c = await web.new_channel(), await other.new_channel()
+        for channel in (a, c, "hub.own"):
+            await web.group_add("g", channel)
+        await web.group_add("g", "hub.expired")
+        await web.connection(0).zadd(web._group_key("g"), {"hub.expired": 1})
+        for n in range(3):
+            await web.group_send("g", {"type": "t", "n": n})
+        got = [
+            await _drain(web, [a], 3),
+            await _drain(other, [c], 3),
+            await _drain(web, ["hub.own"], 3),
+        ]
+        expired = await web.connection(0).zcard(web.prefix + "hub.expired")
+        for layer in (web, other):
+            await layer.close_pools()
+        return got, expired
+
+    got, expired = asyncio.run(go())
+    assert [n for drained in got for n in drained.values()] == [[0, 1, 2]] * 3
+    assert expired == 0
+
+
 def test_one_reader_serves_many_waiting_channels_and_stops_when_none_wait(redis_url):
     """A process's channels share one inbox reader (`_read_inbox`): many
     receives waiting at once each get their own messages, in order, once;
