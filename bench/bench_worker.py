@@ -15,6 +15,11 @@ time it read the event carrying it (same clock: Linux CLOCK_MONOTONIC is
 system-wide). It includes the worker's 30 ms coalescing, by design.
 
     python bench/bench_worker.py [--backend embedded|scaleout|both] [--quick]
+                                 [--runs 25,50] [--durability]
+
+`--runs` chooses the sweep's steps (an A/B of a change at the loads it is
+about takes a minute); the pass-through build runs with every sweep but
+`--quick`'s, which takes it with `--durability`.
 """
 
 import argparse
