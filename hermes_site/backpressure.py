@@ -301,18 +301,27 @@ class SSEFlow:
 
 
 def _forget_headers(request: Any) -> bool:
-    """Let go of the headers Twisted keeps once it has written them; whether
-    they are still held (not written yet).
+    """Let go of the headers Twisted and daphne keep once the response's head
+    is written; whether they are still held (not written yet).
 
-    Twisted's request keeps a copy of every response header (its `Headers`,
-    about 1 KiB for a stream's) for as long as the response lasts, but reads
-    them only to write them, before the body's first bytes (`Request.write`).
+    Twisted's request keeps every response header (its `Headers`, about
+    1 KiB for a stream's) for as long as the response lasts, but reads them
+    only to write them, before the body's first bytes (`Request.write`). The
+    request's own headers are kept twice, by Twisted and in daphne's list
+    for the scope (`clean_headers`), though neither is read once the
+    application has its scope and the connection's persistence is decided,
+    but by the line Twisted's own access log writes when the response ends
+    (its referer and user agent are then "-"; daphne logs requests itself).
+    Letting them go also lets go of the credential the client sent.
     """
     if not getattr(request, "startedWriting", False):
         return True
     from twisted.web.http_headers import Headers
 
     request.responseHeaders = Headers()
+    request.requestHeaders = Headers()
+    if getattr(request, "clean_headers", None):
+        request.clean_headers = []
     return False
 
 
