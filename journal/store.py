@@ -72,18 +72,15 @@ def append(
         validate(event_type, payload)
         if event_type == TERMINAL and i != len(events) - 1:
             raise ValueError("end must be the last event of a run")
-    now = timezone.now()
     end_type, end_payload = events[-1]
     if end_type != TERMINAL and not run_fields:
-        # The hot path (text, tool steps): `append_many`'s statements, one
+        # The hot path (text, tool steps): `append_many` for one run, one
         # round trip on PostgreSQL instead of BEGIN, UPDATE, INSERT and COMMIT.
-        encoded = [(t, encode(p)) for t, p in events]
-        taken = _take_and_insert_any([(run_id, token, encoded)], now)
-        if run_id not in taken:
-            raise AppendRejected(run_id, _rejection_reason(run_id, token))
-        first = taken[run_id] - len(encoded) + 1
-        metrics.EVENTS_APPENDED.inc(len(encoded))
-        return [Record(first + i, t, p) for i, (t, p) in enumerate(encoded)]
+        [result] = append_many([(run_id, token, events)])
+        if isinstance(result, Exception):
+            raise result
+        return result
+    now = timezone.now()
     with transaction.atomic():
         last_seq = _take_seqs_settling(
             run_id,
