@@ -133,19 +133,27 @@ class DBPool:
             if item is _STOP:
                 connections.close_all()
                 return
-            fn, args, kwargs, future, loop, context = item
-            if future.cancelled():
-                continue
-            began = time.monotonic()
-            try:
-                result = self._call(context, fn, args, kwargs, began - done_at)
-            except BaseException as exc:  # handed to the awaiting coroutine
-                _hand_back(loop, future, None, exc)
-            else:
-                _hand_back(loop, future, result, None)
-            done_at = time.monotonic()
-            if done_at - began > SLOW_JOB_S:
-                note_trouble()
+            # A job of its own call: the thread then waits for the next one
+            # holding nothing of it (a request among its arguments, say).
+            done_at = self._do(item, done_at)
+            del item
+
+    def _do(self, item, done_at: float) -> float:
+        """Run one job and hand its outcome back; when it finished."""
+        fn, args, kwargs, future, loop, context = item
+        if future.cancelled():
+            return done_at
+        began = time.monotonic()
+        try:
+            result = self._call(context, fn, args, kwargs, began - done_at)
+        except BaseException as exc:  # handed to the awaiting coroutine
+            _hand_back(loop, future, None, exc)
+        else:
+            _hand_back(loop, future, result, None)
+        done_at = time.monotonic()
+        if done_at - began > SLOW_JOB_S:
+            note_trouble()
+        return done_at
 
     def _call(self, context, fn, args, kwargs, idle_s: float):
         attempts = 2 if self.retry_once else 1
