@@ -15,11 +15,12 @@ time it read the event carrying it (same clock: Linux CLOCK_MONOTONIC is
 system-wide). It includes the worker's 30 ms coalescing, by design.
 
     python bench/bench_worker.py [--backend embedded|scaleout|both] [--quick]
-                                 [--runs 25,50] [--durability]
+                                 [--runs 25,50] [--durability] [--rounds N]
 
 `--runs` chooses the sweep's steps (an A/B of a change at the loads it is
-about takes a minute); the pass-through build runs with every sweep but
-`--quick`'s, which takes it with `--durability`.
+about takes a few minutes); the pass-through build runs with every sweep but
+`--quick`'s, which takes it with `--durability`. `--rounds` is how many
+sweeps of each build durability compares (3; `--quick` 1).
 """
 
 import argparse
@@ -30,6 +31,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import common  # noqa: E402
@@ -360,32 +362,85 @@ def add_topology(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _durability(stored: list[dict], through: list[dict]) -> str:
-    def added(a: float, b: float) -> str:
-        return f"{(a - b) / b:+.0%}" if b else "n/a"
+# Steps up to here get `--rounds` rounds of each build; those above, where
+# the serving process nears a full core, one.
+DURABILITY_ROUNDS_MAX_RUNS = 100
+
+
+def _durability_rounds(args, env, token, sweep: list[int], stored: list[dict]):
+    """The pass-through build's sweeps, alternating with more of the journal's.
+
+    One sweep of each build is one round (the journal's first is the sweep
+    above). Two servers measured one after the other differ by more than
+    durability costs on a busy two-core machine (one round's "added" at 100
+    runs ranged from +1 % to +22 % over three runs of this bench), so the
+    steps up to `DURABILITY_ROUNDS_MAX_RUNS` take `--rounds` rounds, the
+    builds alternating, and each build's latency is the median of its rounds.
+    """
+    rounds_of: dict[int, tuple[list[dict], list[dict]]] = {
+        c["runs"]: ([c], []) for c in stored
+    }
+    many = [n for n in sweep if n <= DURABILITY_ROUNDS_MAX_RUNS] or sweep
+    for i in range(args.rounds):
+        steps = sweep if i == 0 else many
+        for c in asyncio.run(_main(args, env, token, steps, patch=PASS_THROUGH)):
+            rounds_of[c["runs"]][1].append(c)
+        if i + 1 < args.rounds:
+            for c in asyncio.run(_main(args, env, token, many)):
+                rounds_of[c["runs"]][0].append(c)
+    return [_compare(n, *rounds_of[n]) for n in sweep]
+
+
+def _compare(runs: int, stored: list[dict], through: list[dict]) -> dict:
+    def median(rows: list[dict], key: str) -> float:
+        return statistics.median(c[key] for c in rows)
+
+    def added(a: float, b: float) -> float | None:
+        return (a - b) / b if b else None
+
+    out: dict[str, Any] = {"runs": runs, "rounds": len(through)}
+    for q in ("p50_ms", "p99_ms"):
+        out[q] = {"journal": median(stored, q), "through": median(through, q)}
+        out[q]["added"] = added(out[q]["journal"], out[q]["through"])
+    out["p50_added_by_round"] = [
+        added(s["p50_ms"], t["p50_ms"]) for s, t in zip(stored, through, strict=False)
+    ]
+    out["lost_or_duplicated"] = sum(
+        c["lost"] + c["duplicated"] for c in [*stored, *through]
+    )
+    return out
+
+
+def _durability(compared: list[dict]) -> str:
+    def pct(x: float | None) -> str:
+        return "n/a" if x is None else f"{x:+.0%}"
 
     rows = [
         [
-            s["runs"],
-            s["p50_ms"],
-            t["p50_ms"],
-            added(s["p50_ms"], t["p50_ms"]),
-            s["p99_ms"],
-            t["p99_ms"],
-            added(s["p99_ms"], t["p99_ms"]),
-            s["lost"] + s["duplicated"] + t["lost"] + t["duplicated"],
+            c["runs"],
+            c["rounds"],
+            c["p50_ms"]["journal"],
+            c["p50_ms"]["through"],
+            pct(c["p50_ms"]["added"]),
+            c["p99_ms"]["journal"],
+            c["p99_ms"]["through"],
+            pct(c["p99_ms"]["added"]),
+            " / ".join(pct(x) for x in c["p50_added_by_round"]),
+            c["lost_or_duplicated"],
         ]
-        for s, t in zip(stored, through, strict=True)
+        for c in compared
     ]
     return common.md_table(
         [
             "runs at once",
+            "rounds",
             "p50 ms, journal",
             "p50 ms, pass-through",
             "added",
             "p99 ms, journal",
             "p99 ms, pass-through",
             "added",
+            "p50 added, round by round",
             "lost + duplicated",
         ],
         rows,
@@ -397,26 +452,32 @@ def run(args):
     _, token = common.make_user("worker-bench")
     common.close_db()
     sweep = args.runs or ([200] if args.quick else [25, 50, 100, 150, 200])
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     results = asyncio.run(_main(args, env, token, sweep))
-    through = None
+    compared = None
     if not args.quick or args.durability:
-        through = asyncio.run(_main(args, env, token, sweep, patch=PASS_THROUGH))
+        compared = _durability_rounds(args, env, token, sweep, results)
     r = results[-1]
     served_by = "serve" if args.backend == "embedded" else "worker"
     ok = bool(common.held([r]))
     durability = (
         ""
-        if through is None
+        if compared is None
         else f"""
 
-What durability costs: the same sweep on a pass-through build, run after it
-on a server of its own: the same worker and readers, but the committer's
+What durability costs: the same sweep on a pass-through build, each on a
+server of its own: the same worker and readers, but the committer's
 appends store nothing after a run's first batch (`bench/whatif.py`,
 `{PASS_THROUGH}`: seqs counted in memory, the records published as committed
 ones are, after the same hand-off to the writer thread; NOT product code).
-"added" is the journal's latency over the pass-through's.
+Steps up to {DURABILITY_ROUNDS_MAX_RUNS} runs take {args.rounds} rounds, the builds
+alternating (journal, pass-through, journal, …); each build's figure is the
+median of its rounds, and "added" is the journal's latency over the
+pass-through's. The round-by-round column shows how far one pair of servers
+can be from the next on this machine.
 
-{_durability(results, through)}"""
+{_durability(compared)}"""
     )
     markdown = f"""{_table(results, served_by)}
 
@@ -437,7 +498,7 @@ This machine is shared with other work: the 1-minute load average before and
 after is in the line above; CPU per 1,000 tokens is the steadier figure.
 Title runs are off (`HERMES_TITLES=false`): each new chat's first answer would
 queue one more model request of its own.{durability}"""
-    return markdown, {"sweep": results, "pass_through": through}
+    return markdown, {"sweep": results, "durability": compared}
 
 
 def _details(r: dict) -> str:
@@ -467,6 +528,12 @@ if __name__ == "__main__":
         "--durability",
         action="store_true",
         help="with --quick: also the pass-through build (the full sweep always does)",
+    )
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=None,
+        help="rounds of each build for durability (default 3; --quick 1)",
     )
     parser.add_argument(
         "--runs",

@@ -52,6 +52,10 @@ def _load(name: str, backend: str) -> dict | None:
     return _results.get((name, backend))
 
 
+def _pct(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:+.0%}"
+
+
 def _cells(backend: str) -> dict[str, str]:
     """One summary cell per measure, from the results this run left behind."""
     out = {}
@@ -104,14 +108,18 @@ def _cells(backend: str) -> dict[str, str]:
             out["worker"] += "; p99 at " + ", ".join(
                 f"{c['runs']} runs {c['p99_ms']:,.0f} ms" for c in r["sweep"][:-1]
             )
-        if through := r.get("pass_through"):
+        if compared := r.get("durability"):
             out["durability"] = (
                 "; ".join(
-                    f"{s['runs']} runs: p50 {s['p50_ms']:,.0f} vs {t['p50_ms']:,.0f}, "
-                    f"p99 {s['p99_ms']:,.0f} vs {t['p99_ms']:,.0f} ms"
-                    for s, t in zip(r["sweep"], through, strict=True)
+                    f"{c['runs']} runs: p50 {c['p50_ms']['journal']:,.0f} vs "
+                    f"{c['p50_ms']['through']:,.0f} ms ({_pct(c['p50_ms']['added'])}), "
+                    f"p99 {c['p99_ms']['journal']:,.0f} vs "
+                    f"{c['p99_ms']['through']:,.0f} ms ({_pct(c['p99_ms']['added'])})"
+                    for c in compared
                 )
-                + " (journal vs pass-through)"
+                + " (journal vs pass-through, medians of "
+                + ", ".join(sorted({str(c["rounds"]) for c in compared}))
+                + " rounds)"
             )
     if r := _load("capacity", backend):
         held = common.held(r["sweep"])
