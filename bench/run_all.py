@@ -56,6 +56,19 @@ def _pct(x: float | None) -> str:
     return "n/a" if x is None else f"{x:+.0%}"
 
 
+def _rounds(compared: list[dict]) -> str:
+    """'medians of 3 rounds up to 100 runs, 1 round above', or as few words."""
+    counts = [c["rounds"] for c in compared]
+    if len(set(counts)) == 1:
+        return f"medians of {counts[0]} rounds" if counts[0] > 1 else "one round"
+    most = max(counts)
+    upto = max(c["runs"] for c in compared if c["rounds"] == most)
+    rest = ", ".join(
+        f"{n} round{'s' if n > 1 else ''}" for n in sorted(set(counts) - {most})
+    )
+    return f"medians of {most} rounds up to {upto} runs, {rest} above"
+
+
 def _cells(backend: str) -> dict[str, str]:
     """One summary cell per measure, from the results this run left behind."""
     out = {}
@@ -117,9 +130,7 @@ def _cells(backend: str) -> dict[str, str]:
                     f"{c['p99_ms']['through']:,.0f} ms ({_pct(c['p99_ms']['added'])})"
                     for c in compared
                 )
-                + " (journal vs pass-through, medians of "
-                + ", ".join(sorted({str(c["rounds"]) for c in compared}))
-                + " rounds)"
+                + f" (journal vs pass-through; {_rounds(compared)})"
             )
     if r := _load("capacity", backend):
         held = common.held(r["sweep"])
