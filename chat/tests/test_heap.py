@@ -19,6 +19,15 @@ def test_the_web_app_start_up_freezes_its_heap():
     assert gc.get_freeze_count() > 10_000  # a full pass leaves them frozen
 
 
+def _requests_and_responses() -> list:
+    # By type, not isinstance: a lazy object would set itself up.
+    return [
+        o
+        for o in gc.get_objects()
+        if issubclass(type(o), HttpRequest | HttpResponseBase)
+    ]
+
+
 def test_a_stream_lets_go_of_its_request_without_the_collector(server, alice):
     """Once a stream's head is out, its request cycle (the request, the
     response, what the middleware hung on them) is already gone, freed by
@@ -28,17 +37,17 @@ def test_a_stream_lets_go_of_its_request_without_the_collector(server, alice):
     gc.collect()
     gc.disable()  # from here only reference counting frees anything
     try:
+        # Held, so that no new object takes the address of one seen here.
+        before = _requests_and_responses()
         with (
             httpx.Client(timeout=30) as client,
             client.stream("GET", url, headers=alice[1]) as response,
         ):
             assert response.status_code == 200
             assert next(response.iter_raw()).startswith(b"retry:")
-            # By type, not isinstance: a lazy object would set itself up.
+            seen = {id(o) for o in before}
             left = [
-                type(o).__name__
-                for o in gc.get_objects()
-                if issubclass(type(o), HttpRequest | HttpResponseBase)
+                type(o).__name__ for o in _requests_and_responses() if id(o) not in seen
             ]
     finally:
         gc.enable()
