@@ -71,6 +71,9 @@ class RunHub:
         # reader's first need and dropped with the window's head.
         self._frames: dict[str, dict[int, str]] = {}
         self._writes: dict[tuple[str, int, int], list] = {}  # recent batches'
+        # Wakes waiting readers at the earliest of their keepalive deadlines:
+        # one timer per hub, none per reader or wait (`wait_changed`).
+        self._beat: asyncio.TimerHandle | None = None
 
     @property
     def tail(self) -> int:
@@ -85,6 +88,9 @@ class RunHub:
         self._task = asyncio.create_task(self._follow(), name=f"hub {self.run_id}")
 
     async def stop(self) -> None:
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -100,13 +106,26 @@ class RunHub:
             return False
         return True
 
-    async def wait_changed(self, timeout: float) -> None:
-        # asyncio.timeout, not wait_for: no task per wait (one per reader and event)
-        try:
-            async with asyncio.timeout(timeout):
-                await self._changed.wait()
-        except TimeoutError:
-            pass
+    async def wait_changed(self, deadline: float) -> None:
+        """Until news, or until `deadline` (the loop's clock) or earlier.
+
+        Every waiting reader wakes at the hub's one timer, set for the
+        earliest deadline; one woken before its own deadline waits again.
+        Readers that began waiting at the same news share a deadline, so an
+        idle reader wakes about once per keepalive interval, as with a timer
+        of its own, without one (a timer per reader and wait was a few
+        microseconds of every token and 0.4 KiB of every idle stream,
+        docs/benchmarks.md, finding 19).
+        """
+        if self._beat is None or self._beat.when() > deadline:
+            if self._beat is not None:
+                self._beat.cancel()
+            self._beat = asyncio.get_running_loop().call_at(deadline, self._on_beat)
+        await self._changed.wait()
+
+    def _on_beat(self) -> None:
+        self._beat = None
+        self._notify()
 
     def _notify(self) -> None:
         self._changed.set()
@@ -431,6 +450,8 @@ async def _stream(
     started = time.monotonic()  # replay latency: until the first journaled batch
     idle_s = idle_s or 3600
     hub = registry.acquire_nowait(run_id)
+    clock = asyncio.get_running_loop().time
+    keepalive_at: float | None = None  # while waiting: when to yield `[]`
     metrics.SUBSCRIPTIONS.inc()
     pages: _JournalPages | None = None  # while the reader is behind the window
     backoff = Backoff(first=0.2, cap=DB_RETRY_CAP_S)
@@ -475,13 +496,18 @@ async def _stream(
                     pages.close()
                     pages = None
                 batch = part = None
-                await hub.wait_changed(idle_s)
-                if cursor >= hub.tail and (hub.end_seq is None or cursor < hub.end_seq):
+                if keepalive_at is None:
+                    keepalive_at = clock() + idle_s
+                elif clock() >= keepalive_at:
+                    keepalive_at = None
                     yield []
+                    continue
+                await hub.wait_changed(keepalive_at)
                 continue
             if not batch:  # the journal has less than the hub knew: pruned
                 return
             cursor = batch[-1].seq
+            keepalive_at = None
             if started:
                 metrics.REPLAY_FIRST_BATCH_S.observe(time.monotonic() - started)
                 started = 0.0

@@ -222,3 +222,51 @@ def test_a_run_that_ends_while_read_is_followed_to_its_end(
         return reader.seqs
 
     assert asyncio.run(main()) == list(range(after_seq + 1, 6))
+
+
+def test_idle_readers_keep_their_own_keepalive_interval_on_one_timer(
+    alice, fast_readers
+):
+    """An idle reader yields `[]` each time its own interval passes without
+    news, never sooner, whatever the intervals of the hub's other readers;
+    and the loop holds no more timers for twenty waiting readers than for one."""
+    run = running_run(alice[0])
+    append(run_id=run.id, token=1, events=_tokens(2))
+
+    async def read(idle_s: float, keepalives: int) -> list[float]:
+        clock = asyncio.get_running_loop().time
+        gaps: list[float] = []
+        async with aclosing(subscribe(run.id, idle_s=idle_s)) as stream:
+            since = clock()
+            async for batch in stream:
+                if batch:  # the replay: the interval counts from its end
+                    since = clock()
+                    continue
+                gaps.append(clock() - since)
+                since = clock()
+                if len(gaps) == keepalives:
+                    return gaps
+        return gaps
+
+    def timers(loop) -> int:
+        return sum(not h.cancelled() for h in loop._scheduled)
+
+    def waiters() -> int:  # readers waiting for news
+        hub = hubs()._hubs.get(run.id)
+        return len(hub._changed._waiters or ()) if hub else 0
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        slow = asyncio.create_task(read(3.0, 1))
+        await wait_until_async(lambda: waiters() == 1)
+        alone = timers(loop)
+        fast = [asyncio.create_task(read(0.2, 5)) for _ in range(20)]
+        await wait_until_async(lambda: waiters() == 21)
+        many = timers(loop)
+        return alone, many, await asyncio.wait_for(asyncio.gather(slow, *fast), 30)
+
+    alone, many, (slow_gaps, *fast_gaps) = asyncio.run(main())
+    assert many <= alone + 1  # the hub's one timer, not one per reader
+    assert slow_gaps[0] >= 3.0
+    assert all(gap >= 0.2 for gaps in fast_gaps for gap in gaps)
+    assert all(len(gaps) == 5 for gaps in fast_gaps)
