@@ -78,5 +78,13 @@ def decide(server, headers: dict, run_id: str, **body) -> httpx.Response:
 
 
 def event_types(events: list) -> list[str]:
-    """The event types, without step statuses and usage."""
-    return [kind for _, kind, _ in events if kind not in ("status", "usage")]
+    """The event types, without step statuses and usage, a run of text events
+    of one kind counted once: how a reply's text is cut into events is the
+    committer's cadence (a delta after a pause is committed at once, the
+    rest a tick later, `chat.writer`), not the run's shape."""
+    kinds = [kind for _, kind, _ in events if kind not in ("status", "usage")]
+    return [
+        kind
+        for i, kind in enumerate(kinds)
+        if i == 0 or kind != kinds[i - 1] or kind not in ("token", "reasoning")
+    ]

@@ -25,6 +25,7 @@ from hermes_testing.api import (
     event_types,
     start_run,
     stream,
+    text_of,
     waiting_at_tool,
 )
 from hermes_testing.fake_llm import Reply
@@ -85,7 +86,7 @@ def test_approve_runs_the_tool_and_the_answer_goes_on(
     done = _one(events, "tool_complete")
     assert (done["result"], done["is_error"]) == ("42", False)
     assert events[-1][2]["status"] == "completed"
-    assert _one(events, "token")["text"] == "It is 42."
+    assert text_of(events) == "It is 42."
     second = fake_llm.requests[1].messages
     assert second[-1] == {"role": "tool", "tool_call_id": "call_1", "content": "42"}
     # A second decision finds nothing waiting.

@@ -98,6 +98,7 @@ def test_steer_lands_after_the_tool_step_and_every_reader_sees_it_once(
         "token",
         "end",
     ]
+    assert text_of(events) == "42, in French: quarante-deux."
     (steer,) = [data for _, kind, data in events if kind == "steer"]
     assert steer["text"] == "Answer in French." and steer["pending_id"] == item["id"]
     assert events[-1][2]["status"] == "completed"
