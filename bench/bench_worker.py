@@ -412,9 +412,7 @@ def _compare(runs: int, stored: list[dict], through: list[dict]) -> dict:
 
 
 def _durability(compared: list[dict]) -> str:
-    def pct(x: float | None) -> str:
-        return "n/a" if x is None else f"{x:+.0%}"
-
+    pct = common.signed_pct
     rows = [
         [
             c["runs"],

@@ -521,6 +521,11 @@ def pct(values: list[float], p: float) -> float:
     return ordered[k]
 
 
+def signed_pct(x: float | None) -> str:
+    """A relative change as "+8%" ("n/a" when there was nothing to compare)."""
+    return "n/a" if x is None else f"{x:+.0%}"
+
+
 def fmt(x, digits: int = 1) -> str:
     if isinstance(x, float):
         if x != x:

@@ -52,8 +52,12 @@ def _load(name: str, backend: str) -> dict | None:
     return _results.get((name, backend))
 
 
-def _pct(x: float | None) -> str:
-    return "n/a" if x is None else f"{x:+.0%}"
+def _versus(m: dict) -> str:
+    """One latency of the durability comparison: "20 vs 19 ms (+8%)"."""
+    return (
+        f"{m['journal']:,.0f} vs {m['through']:,.0f} ms "
+        f"({common.signed_pct(m['added'])})"
+    )
 
 
 def _rounds(compared: list[dict]) -> str:
@@ -124,10 +128,8 @@ def _cells(backend: str) -> dict[str, str]:
         if compared := r.get("durability"):
             out["durability"] = (
                 "; ".join(
-                    f"{c['runs']} runs: p50 {c['p50_ms']['journal']:,.0f} vs "
-                    f"{c['p50_ms']['through']:,.0f} ms ({_pct(c['p50_ms']['added'])}), "
-                    f"p99 {c['p99_ms']['journal']:,.0f} vs "
-                    f"{c['p99_ms']['through']:,.0f} ms ({_pct(c['p99_ms']['added'])})"
+                    f"{c['runs']} runs: p50 {_versus(c['p50_ms'])}, "
+                    f"p99 {_versus(c['p99_ms'])}"
                     for c in compared
                 )
                 + f" (journal vs pass-through; {_rounds(compared)})"

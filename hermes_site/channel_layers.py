@@ -276,15 +276,12 @@ class HermesRedisChannelLayer(RedisChannelLayer):
         """The stock send, in two round trips (`group_send_many`) instead of
         three: one run's publish (a run's end, a tool step, a steer, a
         notification) waits for each."""
-        if self.ring_size != 1:
-            await super().group_send(group, message)
-        else:
-            await self.group_send_many([(group, message)])
+        await self.group_send_many([(group, message)])
 
     async def group_send_many(self, sends: list[tuple[str, dict]]) -> None:
-        if self.ring_size != 1:  # sharded Redis: one group at a time
+        if self.ring_size != 1:  # sharded Redis: the stock send, a group at a time
             for group, message in sends:
-                await self.group_send(group, message)
+                await super().group_send(group, message)
             return
         for group, _ in sends:
             assert self.require_valid_group_name(group), "Group name not valid"
