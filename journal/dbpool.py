@@ -133,23 +133,28 @@ class DBPool:
             if item is _STOP:
                 connections.close_all()
                 return
-            # A job of its own call: the thread then waits for the next one
-            # holding nothing of it (a request among its arguments, say).
             done_at = self._do(item, done_at)
-            del item
 
     def _do(self, item, done_at: float) -> float:
-        """Run one job and hand its outcome back; when it finished."""
+        """Run one job and hand its outcome back; when it finished.
+
+        The thread lets go of the job's call (a request among its arguments,
+        say) before the outcome wakes the caller: after that the caller's may
+        be the last reference, and the thread holds nothing of the job while
+        it waits for the next one."""
         fn, args, kwargs, future, loop, context = item
+        item.clear()
         if future.cancelled():
             return done_at
         began = time.monotonic()
+        exc: BaseException | None = None
         try:
             result = self._call(context, fn, args, kwargs, began - done_at)
-        except BaseException as exc:  # handed to the awaiting coroutine
-            _hand_back(loop, future, None, exc)
-        else:
-            _hand_back(loop, future, result, None)
+        except BaseException as error:  # handed to the awaiting coroutine
+            result, exc = None, error
+        del fn, args, kwargs, context
+        _hand_back(loop, future, result, exc)
+        del result, exc
         done_at = time.monotonic()
         if done_at - began > SLOW_JOB_S:
             note_trouble()
@@ -185,7 +190,7 @@ class DBPool:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
         # The caller's context travels along, so log lines name the run.
-        job = (fn, args, kwargs, future, loop, contextvars.copy_context())
+        job = [fn, args, kwargs, future, loop, contextvars.copy_context()]
         self._queue.put((rank, next(self._order), job))
         return await future
 
