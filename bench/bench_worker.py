@@ -262,9 +262,13 @@ async def _main(
     )
     procs = {}
     # The process that runs the worker gets the patch; daphne stores nothing.
+    # A what-if of the environment's own (`HERMES_WHATIF`, an A/B of a change)
+    # goes to both builds.
     patched = server_env | (
         {
-            "HERMES_WHATIF": patch,
+            "HERMES_WHATIF": ",".join(
+                w for w in (server_env.get("HERMES_WHATIF", ""), patch) if w
+            ),
             "HERMES_BENCH_MANAGE": str(common.BENCH_DIR / "whatif.py"),
         }
         if patch

@@ -9,6 +9,10 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `switch-interval:S`: `sys.setswitchinterval(S)` (CPython's default is 0.005 s):
   how long a thread that waited on I/O (the writer, after each database round
   trip) may wait for the event loop's thread to hand the GIL back.
+- `committer-thread`: the journal's committer (`chat.writer`) on a writer
+  thread and connection of its own, so a tick never waits behind another
+  write (a run's start or end, a lease renewal). PostgreSQL only: SQLite
+  takes one writer at a time.
 - `pass-through`: the build durability is measured against. The committer's
   appends (`append_many`) write nothing after a run's first batch (its
   `start`, stored): each run's seqs are counted in memory from there and the
@@ -127,6 +131,16 @@ def apply() -> set[str]:
             vars(module)["read_after"] = bounded_read_after
     if "pass-through" in names:
         pass_through()
+    if "committer-thread" in names:
+        import types
+
+        import chat.writer
+        from journal import dbpool
+
+        own = dbpool.DBPool("commit", 1)
+        chat.writer.dbpool = types.SimpleNamespace(  # type: ignore[assignment]
+            writers=own, is_connection_error=dbpool.is_connection_error
+        )
     for name in names:
         if name.startswith("switch-interval:"):
             sys.setswitchinterval(float(name.split(":")[1]))
