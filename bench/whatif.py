@@ -13,6 +13,15 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   thread and connection of its own, so a tick never waits behind another
   write (a run's start or end, a lease renewal). PostgreSQL only: SQLite
   takes one writer at a time.
+- `async-commit`: the committer's tick statement (`journal.store`'s
+  PostgreSQL `append_many`) awaited on the event loop over an asynchronous
+  psycopg connection, not run on the writer thread: no hand-off to a thread
+  and no wait to win the GIL back after the round trip. PostgreSQL only; a
+  sketch for measuring (no validation, no fencing errors, no reconnection).
+  Not applied with `pass-through`.
+- `tick-probe`: records each tick of the committer (its whole time, its
+  `append_many` call, its publish, its events) into
+  `var/bench/tick-probe-<pid>.json`, rewritten every 20 ticks.
 - `pass-through`: the build durability is measured against. The committer's
   appends (`append_many`) write nothing after a run's first batch (its
   `start`, stored): each run's seqs are counted in memory from there and the
@@ -141,6 +150,10 @@ def apply() -> set[str]:
         chat.writer.dbpool = types.SimpleNamespace(  # type: ignore[assignment]
             writers=own, is_connection_error=dbpool.is_connection_error
         )
+    if "tick-probe" in names:
+        _tick_probe()
+    if "async-commit" in names and "pass-through" not in names:
+        _async_commit()
     for name in names:
         if name.startswith("switch-interval:"):
             sys.setswitchinterval(float(name.split(":")[1]))
@@ -149,6 +162,104 @@ def apply() -> set[str]:
 
             dbpool.writers = dbpool.DBPool("write", int(name.split(":")[1]))
     return names
+
+
+def _tick_probe() -> None:
+    import json
+    import time
+
+    import chat.writer
+
+    # Seconds, one entry per tick: the whole tick (as hermes_journal_tick_seconds),
+    # its append_many call on the writer thread, its publish; events per tick.
+    stats: dict[str, list[float]] = {
+        "tick": [],
+        "append": [],
+        "publish": [],
+        "events": [],
+    }
+    path = ROOT / "var" / "bench" / f"tick-probe-{os.getpid()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    commit, append_many = chat.writer._Committer._commit, chat.writer.append_many
+    publish_many = chat.writer.publish_many
+
+    def timed_append(batches):
+        began = time.perf_counter()
+        try:
+            return append_many(batches)
+        finally:
+            stats["append"].append(time.perf_counter() - began)
+            stats["events"].append(sum(len(events) for _r, _t, events in batches))
+
+    async def timed_publish(batches):
+        began = time.perf_counter()
+        try:
+            return await publish_many(batches)
+        finally:
+            stats["publish"].append(time.perf_counter() - began)
+
+    async def timed_commit(self, waiting):
+        began = time.perf_counter()
+        try:
+            return await commit(self, waiting)
+        finally:
+            stats["tick"].append(time.perf_counter() - began)
+            if len(stats["tick"]) % 20 == 0:  # a server is stopped, not asked
+                path.write_text(json.dumps(stats))
+
+    chat.writer.append_many = timed_append
+    chat.writer.publish_many = timed_publish
+    chat.writer._Committer._commit = timed_commit  # type: ignore[method-assign]
+
+
+def _async_commit() -> None:
+    import types
+
+    import psycopg
+    from django.conf import settings
+    from django.utils import timezone
+
+    import chat.writer
+    from journal import dbpool, store
+
+    conn: list = [None]
+
+    async def connected():
+        if conn[0] is None or conn[0].closed:
+            db = settings.DATABASES["default"]
+            conn[0] = await psycopg.AsyncConnection.connect(
+                host=db["HOST"],
+                port=db["PORT"] or 5432,
+                user=db["USER"],
+                password=db["PASSWORD"],
+                dbname=db["NAME"],
+                autocommit=True,
+            )
+        return conn[0]
+
+    async def first(fn, batches):
+        assert fn is chat.writer.append_many
+        valid = [
+            (run_id, token, [(t, store.encode(p)) for t, p in events])
+            for run_id, token, events in batches
+        ]
+        params = store.append_many_postgresql_params(valid, timezone.now())
+        c = await connected()
+        async with c.cursor() as cur:
+            await cur.execute(store._APPEND_MANY_POSTGRESQL, params)
+            taken = dict(await cur.fetchall())
+        out = []
+        for run_id, _token, events in valid:
+            first_seq = taken[run_id] - len(events) + 1
+            out.append(
+                [store.Record(first_seq + j, t, p) for j, (t, p) in enumerate(events)]
+            )
+        return out
+
+    chat.writer.dbpool = types.SimpleNamespace(  # type: ignore[assignment]
+        writers=types.SimpleNamespace(first=first, run=dbpool.writers.run),
+        is_connection_error=dbpool.is_connection_error,
+    )
 
 
 def main() -> None:

@@ -41,7 +41,7 @@ from collections.abc import Callable
 
 from django.conf import settings
 
-from journal import dbpool
+from journal import dbpool, metrics
 from journal.events import TEXT_EVENT_CHARS, storable
 from journal.models import Run
 from journal.publish import publish, publish_many
@@ -252,6 +252,7 @@ class _Committer:
                 self._backoff = BACKOFF_MAX_S
 
     async def _commit(self, waiting: list[BatchWriter]) -> None:
+        began = time.perf_counter()
         writers = []
         for writer in waiting:
             if writer.take():
@@ -293,6 +294,7 @@ class _Committer:
                     "journal append refused run_id=%s: %s", writer.run_id, result
                 )
             writer.landed(result)
+        metrics.TICK_S.observe(time.perf_counter() - began)
 
     async def _reconcile(self, writers: list[BatchWriter]) -> None:
         if not writers:

@@ -2,7 +2,8 @@
 
 Counted where things happen: events appended (`journal.store.append`), readers
 inside `journal.subscribe.subscribe`, how long a reader waits for its first
-replayed batch, and how long a model takes to its first token. Other apps add
+replayed batch, how long a model takes to its first token and how long a
+worker's journal tick takes (`chat.writer`). Other apps add
 collectors of their own to `REGISTRY` (the `chat` app: its model requests).
 Web processes serve it at `/metrics` (`hermes_site.health`, which adds what the
 database says); `manage.py worker --metrics-port` serves it from a worker
@@ -57,6 +58,18 @@ FIRST_TOKEN_S = Histogram(
     "hermes_model_first_token_seconds",
     "Time from a model request to its first streamed token (turns run here).",
     buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0),
+    registry=REGISTRY,
+)
+
+
+# From 1 ms to 1 s: a worker's journal tick, from taking its runs' pending
+# events to their publishing. Ticks start every 30 ms while text streams
+# (chat.writer), so a tick near that long means the journal is what the
+# worker waits on. See docs/scaling.md.
+TICK_S = Histogram(
+    "hermes_journal_tick_seconds",
+    "Time a journal tick takes to commit its runs' pending events and publish them.",
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.1, 0.3, 1.0),
     registry=REGISTRY,
 )
 

@@ -398,6 +398,18 @@ def _take_and_insert_postgresql(
     """
     import psycopg
 
+    connection.ensure_connection()
+    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
+        cur.execute(_APPEND_MANY_POSTGRESQL, append_many_postgresql_params(valid, now))
+        return dict(cur.fetchall())
+
+
+def append_many_postgresql_params(
+    valid: list[tuple[str, int, list[tuple[str, str]]]], now: datetime
+) -> list:
+    """`_APPEND_MANY_POSTGRESQL`'s parameters: the runs' arrays, then the
+    events' arrays (each event's run, its place in its run's batch, its type
+    and its encoded payload)."""
     run_ids, k, types, payloads = [], [], [], []
     for run_id, _token, events in valid:
         for j, (t, payload) in enumerate(events, start=1):
@@ -405,23 +417,17 @@ def _take_and_insert_postgresql(
             k.append(j)
             types.append(t)
             payloads.append(payload)
-    connection.ensure_connection()
-    with connection.wrap_database_errors, psycopg.Cursor(connection.connection) as cur:
-        cur.execute(
-            _APPEND_MANY_POSTGRESQL,
-            [
-                [run_id for run_id, _t, _e in valid],
-                [token for _r, token, _e in valid],
-                [len(events) for _r, _t, events in valid],
-                list(Run.ACTIVE),
-                now,
-                run_ids,
-                k,
-                types,
-                payloads,
-            ],
-        )
-        return dict(cur.fetchall())
+    return [
+        [run_id for run_id, _t, _e in valid],
+        [token for _r, token, _e in valid],
+        [len(events) for _r, _t, events in valid],
+        list(Run.ACTIVE),
+        now,
+        run_ids,
+        k,
+        types,
+        payloads,
+    ]
 
 
 def run_positions(*, run_ids: list[str]) -> dict[str, tuple[int, int, str]]:

@@ -14,6 +14,7 @@ from journal.models import Run
 
 EVENTS = "hermes_journal_events_appended_total"
 FIRST_TOKENS = "hermes_model_first_token_seconds_count"
+TICKS = "hermes_journal_tick_seconds_count"
 OPENAI_REQUESTS = 'hermes_provider_requests_total{provider="openai"}'
 IN_FLIGHT = "hermes_provider_requests_in_flight"
 
@@ -37,6 +38,7 @@ def test_a_worker_process_serves_the_metrics_of_the_turns_it_ran(
         assert url.startswith("http://127.0.0.1:")  # loopback unless told otherwise
         before, _ = scrape(url)
         assert before[EVENTS] == 0 and before[FIRST_TOKENS] == 0
+        assert before[TICKS] == 0
         fake_llm.push(Reply(text="Counted in the worker."))
         session_id = new_session(server, alice[1])
         run_id = start_run(server, alice[1], session_id, "count me there")
@@ -50,6 +52,7 @@ def test_a_worker_process_serves_the_metrics_of_the_turns_it_ran(
     assert run.status == "completed"
     assert after[EVENTS] >= run.last_seq  # the worker appended the run's events
     assert after[FIRST_TOKENS] == 1
+    assert after[TICKS] >= 1  # its text went through the worker's journal ticks
     assert after[OPENAI_REQUESTS] == 1
     for private in (run_id, "alice", "count me there", "Counted in the worker."):
         assert private not in body

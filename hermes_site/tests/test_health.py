@@ -100,6 +100,7 @@ EVENTS = "hermes_journal_events_appended_total"
 COMPLETED = 'hermes_runs{status="completed"}'
 REPLAYS = "hermes_replay_first_batch_seconds_count"
 FIRST_TOKENS = "hermes_model_first_token_seconds_count"
+TICKS = "hermes_journal_tick_seconds_count"
 SUBSCRIBED = "hermes_subscriptions_active"
 IN_FLIGHT = "hermes_provider_requests_in_flight"
 OPENAI_REQUESTS = 'hermes_provider_requests_total{provider="openai"}'
@@ -118,6 +119,7 @@ def test_metrics_counters_move_when_a_run_streams(server, alice, fake_llm, live_
     assert after[COMPLETED] == before[COMPLETED] + 1
     assert after[REPLAYS] >= before[REPLAYS] + 1
     assert after[FIRST_TOKENS] == before[FIRST_TOKENS] + 1
+    assert after[TICKS] >= before[TICKS] + 1  # the reply's text was committed
     assert after[OPENAI_REQUESTS] == before.get(OPENAI_REQUESTS, 0) + 1
     wait_until(lambda: scrape(server.url)[IN_FLIGHT] == 0)
     wait_until(
