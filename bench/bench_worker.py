@@ -20,7 +20,9 @@ system-wide). It includes the worker's 30 ms coalescing, by design.
 `--runs` chooses the sweep's steps (an A/B of a change at the loads it is
 about takes a few minutes); the pass-through build runs with every sweep but
 `--quick`'s, which takes it with `--durability`. `--rounds` is how many
-sweeps of each build durability compares (3; `--quick` 1).
+sweeps of each build durability compares (3; `--quick` 1). A what-if of
+`bench/whatif.py` named in `HERMES_WHATIF`, with `HERMES_BENCH_MANAGE` set to
+that file, goes to both builds: a change's effect on what durability costs.
 """
 
 import argparse
