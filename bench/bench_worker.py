@@ -98,11 +98,33 @@ def _journal(run_ids: list[str]) -> dict:
     }
 
 
+TICKS = "hermes_journal_tick_seconds"
+
+
+async def _ticks(metric_ports: list[int]) -> dict[float, float]:
+    """The journal tick histogram summed over the processes running turns."""
+    summed: dict[float, float] = {}
+    for port in metric_ports:
+        for bound, count in (
+            await asyncio.to_thread(common.histogram, port, TICKS)
+        ).items():
+            summed[bound] = summed.get(bound, 0) + count
+    return summed
+
+
 async def _measure(
-    args, fake, ports: list[int], token: str, procs: dict, runs: int, per_run: int
+    args,
+    fake,
+    ports: list[int],
+    token: str,
+    procs: dict,
+    runs: int,
+    per_run: int,
+    metric_ports: list[int],
 ) -> dict:
     """One step of the sweep: `runs` runs, `per_run` readers each; a run's
-    readers go to `ports` in turn."""
+    readers go to `ports` in turn; `metric_ports` serve the metrics of the
+    processes that run the turns."""
     t_setup = time.monotonic()
     posts0 = fake.command("wait", 0, 0)["posts"]
     labels = await _start_runs(ports[0], token, runs, f"c{runs}")
@@ -132,6 +154,7 @@ async def _measure(
         "fake": fake.cpu_s(),
         "client": common.self_cpu_s(),
     }
+    ticks0 = await _ticks(metric_ports)
     t0 = time.monotonic_ns()
     fake.command("gate", "open")
     try:
@@ -146,6 +169,8 @@ async def _measure(
     }
     for p in profilers:
         p.stop()
+    ticks1 = await _ticks(metric_ports)
+    ticks = {b: ticks1[b] - ticks0.get(b, 0) for b in ticks1}
     fake.command("gate", "close")
     for task in tasks:  # readers still waiting after the bound are given up on
         task.cancel()
@@ -156,9 +181,19 @@ async def _measure(
         if r["marker"] in labels
     }
     journal = await asyncio.to_thread(_journal, list(labels.values()))
-    return _analyse(
+    result = _analyse(
         labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup_s
     )
+    # From gate open to the last `end`, the runs' starts not included.
+    result["tick_ms"] = {
+        "count": int(ticks.get(float("inf"), 0)),
+        **{
+            f"p{round(q * 100)}": None if v is None else round(v * 1000, 1)
+            for q in (0.5, 0.9, 0.99)
+            for v in [common.histogram_quantile(q, ticks)]
+        },
+    }
+    return result
 
 
 def _analyse(labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup_s):
@@ -278,6 +313,7 @@ async def _main(
     )
 
     ports = [port]
+    metric_ports = [port]  # the embedded process serves them with its pages
     try:
         if args.backend == "embedded":
             procs["serve"] = common.serve(patched, port)
@@ -288,11 +324,14 @@ async def _main(
             for i, web_port in enumerate(ports):
                 procs[_name("daphne", i)] = common.daphne(server_env, web_port)
             share = -(-max(sweep) // args.workers)
-            for i in range(args.workers):
-                procs[_name("worker", i)] = common.worker(patched, share)
+            metric_ports = [common.free_port() for _ in range(args.workers)]
+            for i, metrics_port in enumerate(metric_ports):
+                procs[_name("worker", i)] = common.worker(patched, share, metrics_port)
         out = []
         for runs, per_run in zip(sweep, readers, strict=True):
-            result = await _measure(args, fake, ports, token, procs, runs, per_run)
+            result = await _measure(
+                args, fake, ports, token, procs, runs, per_run, metric_ports
+            )
             result["rss_mib"] = {
                 name: round(p.hwm_kib() / 1024, 1) for name, p in procs.items()
             }
@@ -514,13 +553,22 @@ def _details(r: dict) -> str:
     deciles = " / ".join(f"{x:.0f}" for x in r["p50_ms_by_token_decile"])
     deciles99 = " / ".join(f"{x:.0f}" for x in r.get("p99_ms_by_token_decile", []))
     rss = ", ".join(f"{k} {v} MiB" for k, v in r["rss_mib"].items())
+    tick = r.get("tick_ms") or {}
+    ticks = (
+        f"""
+Journal ticks (`hermes_journal_tick_seconds`, interpolated within its
+buckets): {tick["count"]:,}, p50 {tick["p50"]} ms, p90 {tick["p90"]} ms,
+p99 {tick["p99"]} ms."""
+        if tick.get("count")
+        else ""
+    )
     return f"""At {r["runs"]} runs: the fake model kept a median pace of
 {r["fake_pace_median"]:.1f} tokens/s per run (slowest {r["fake_pace_min"]:.1f});
 {r["wall_s"]:.1f} s from gate open to the last reader's `end` (the replies last
 {TOKENS / RATE:.0f} s). Journal: {r["rows"]:,} rows (token chunks, usage, end) in
 {r["rows_span_s"]:.1f} s. CPU in that window: {cpu}; per 1,000 tokens: {per_k}
 ("client" is this bench process with its {r["readers"]} readers, "fake" the model).
-Token latency by tenth of the reply (ms), p50: {deciles}; p99: {deciles99}.
+Token latency by tenth of the reply (ms), p50: {deciles}; p99: {deciles99}.{ticks}
 Peak RSS: {rss}. Setup (sessions, runs, readers attached) took
 {r["setup_s"]:.1f} s and is not measured."""
 

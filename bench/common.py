@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import platform
+import re
 import secrets
 import shutil
 import socket
@@ -30,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -445,14 +447,43 @@ def serve(env: dict, port: int) -> Child:
     )
 
 
-def worker(env: dict, concurrency: int) -> Child:
-    """`manage.py worker`: a turn-worker process (scale-out)."""
+def worker(env: dict, concurrency: int, metrics_port: int | None = None) -> Child:
+    """`manage.py worker`: a turn-worker process (scale-out), serving its
+    metrics on `metrics_port` if given."""
+    metrics = ["--metrics-port", str(metrics_port)] if metrics_port else []
     return Child(
-        [manage_py(env), "worker", "--concurrency", str(concurrency)],
+        [manage_py(env), "worker", "--concurrency", str(concurrency), *metrics],
         env,
         ready="running",
         name="worker",
     )
+
+
+def histogram(port: int, name: str) -> dict[float, float]:
+    """A Prometheus histogram of the process serving `/metrics` on `port`:
+    `{upper bound: cumulative count}`."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
+        text = r.read().decode()
+    pattern = re.compile(rf'^{re.escape(name)}_bucket{{le="([^"]+)"}} (\S+)$', re.M)
+    return {float(le): float(count) for le, count in pattern.findall(text)}
+
+
+def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:
+    """The `q` quantile of cumulative `buckets`, interpolated within its
+    bucket as Prometheus's `histogram_quantile` does; None without samples."""
+    bounds = sorted(buckets)
+    total = buckets[bounds[-1]] if bounds else 0
+    if not total:
+        return None
+    rank, lower, below = q * total, 0.0, 0.0
+    for bound in bounds:
+        if buckets[bound] >= rank:
+            if bound == float("inf"):
+                return lower  # beyond the last finite bound: its value
+            inside = buckets[bound] - below
+            return lower + (bound - lower) * ((rank - below) / inside if inside else 1)
+        lower, below = bound, buckets[bound]
+    return lower
 
 
 class Helper:
