@@ -185,14 +185,12 @@ async def _measure(
         labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup_s
     )
     # From gate open to the last `end`, the runs' starts not included.
-    result["tick_ms"] = {
-        "count": int(ticks.get(float("inf"), 0)),
-        **{
-            f"p{round(q * 100)}": None if v is None else round(v * 1000, 1)
-            for q in (0.5, 0.9, 0.99)
-            for v in [common.histogram_quantile(q, ticks)]
-        },
-    }
+    result["tick_ms"] = {"count": int(ticks.get(float("inf"), 0))}
+    for pc in (50, 90, 99):
+        seconds = common.histogram_quantile(pc / 100, ticks)
+        result["tick_ms"][f"p{pc}"] = (
+            None if seconds is None else round(seconds * 1000, 1)
+        )
     return result
 
 

@@ -23,7 +23,6 @@ import fcntl
 import json
 import os
 import platform
-import re
 import secrets
 import shutil
 import socket
@@ -462,10 +461,17 @@ def worker(env: dict, concurrency: int, metrics_port: int | None = None) -> Chil
 def histogram(port: int, name: str) -> dict[float, float]:
     """A Prometheus histogram of the process serving `/metrics` on `port`:
     `{upper bound: cumulative count}`."""
+    from prometheus_client.parser import text_string_to_metric_families
+
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=30) as r:
         text = r.read().decode()
-    pattern = re.compile(rf'^{re.escape(name)}_bucket{{le="([^"]+)"}} (\S+)$', re.M)
-    return {float(le): float(count) for le, count in pattern.findall(text)}
+    return {
+        float(sample.labels["le"]): sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == name
+        for sample in family.samples
+        if sample.name == f"{name}_bucket"
+    }
 
 
 def histogram_quantile(q: float, buckets: dict[float, float]) -> float | None:

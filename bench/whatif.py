@@ -141,15 +141,9 @@ def apply() -> set[str]:
     if "pass-through" in names:
         pass_through()
     if "committer-thread" in names:
-        import types
-
-        import chat.writer
         from journal import dbpool
 
-        own = dbpool.DBPool("commit", 1)
-        chat.writer.dbpool = types.SimpleNamespace(  # type: ignore[assignment]
-            writers=own, is_connection_error=dbpool.is_connection_error
-        )
+        _committer_writes_to(dbpool.DBPool("commit", 1))
     if "tick-probe" in names:
         _tick_probe()
     if "async-commit" in names and "pass-through" not in names:
@@ -212,11 +206,24 @@ def _tick_probe() -> None:
     chat.writer._Committer._commit = timed_commit  # type: ignore[method-assign]
 
 
+def _committer_writes_to(writers) -> None:
+    """The journal's committer (`chat.writer`) sends its jobs to `writers`
+    (anything with the pool's `first` and `run`), not to the writer pool."""
+    import types
+
+    import chat.writer
+    from journal import dbpool
+
+    chat.writer.dbpool = types.SimpleNamespace(  # type: ignore[assignment]
+        writers=writers, is_connection_error=dbpool.is_connection_error
+    )
+
+
 def _async_commit() -> None:
     import types
 
     import psycopg
-    from django.conf import settings
+    from django.db import connection
     from django.utils import timezone
 
     import chat.writer
@@ -226,15 +233,10 @@ def _async_commit() -> None:
 
     async def connected():
         if conn[0] is None or conn[0].closed:
-            db = settings.DATABASES["default"]
-            conn[0] = await psycopg.AsyncConnection.connect(
-                host=db["HOST"],
-                port=db["PORT"] or 5432,
-                user=db["USER"],
-                password=db["PASSWORD"],
-                dbname=db["NAME"],
-                autocommit=True,
-            )
+            # Django's own parameters, but its cursor class is a blocking one.
+            params = connection.get_connection_params()
+            params.pop("cursor_factory", None)
+            conn[0] = await psycopg.AsyncConnection.connect(**params, autocommit=True)
         return conn[0]
 
     async def first(fn, batches):
@@ -256,10 +258,7 @@ def _async_commit() -> None:
             )
         return out
 
-    chat.writer.dbpool = types.SimpleNamespace(  # type: ignore[assignment]
-        writers=types.SimpleNamespace(first=first, run=dbpool.writers.run),
-        is_connection_error=dbpool.is_connection_error,
-    )
+    _committer_writes_to(types.SimpleNamespace(first=first, run=dbpool.writers.run))
 
 
 def main() -> None:
