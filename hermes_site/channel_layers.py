@@ -8,7 +8,7 @@ from typing import Any
 
 from channels.exceptions import ChannelFull
 from channels.layers import InMemoryChannelLayer
-from channels_redis.core import RedisChannelLayer
+from channels_redis.core import ChannelLock, RedisChannelLayer
 from redis.commands.core import AsyncScript
 
 CLEAN_EVERY_S = 1.0  # expiry is 60 s: sweeping once a second loses nothing
@@ -74,6 +74,46 @@ class HermesInMemoryChannelLayer(InMemoryChannelLayer):
         """Each `(group, message)`, in order (see HermesRedisChannelLayer)."""
         for group, message in sends:
             await self.group_send(group, message)
+
+
+class _LoopChannelLock(ChannelLock):
+    """channels_redis's per-channel receive locks, for a layer that outlives
+    event loops (a process's loop replaced; the test suite's many loops).
+
+    The stock helper shares one `asyncio.Lock` per channel among all loops,
+    and an acquire that fails or is cancelled never gives its count back, so
+    the lock is never dropped: once a loop had waited on it, every later loop
+    that had to wait got "bound to a different event loop", and a lock held
+    by a loop that went away was held for ever. Here each loop has locks of
+    its own, and a failed or cancelled acquire gives its count back.
+    """
+
+    def _key(self, channel: str) -> tuple[asyncio.AbstractEventLoop, str]:
+        return asyncio.get_running_loop(), channel
+
+    async def acquire(self, channel: str) -> bool:
+        key = self._key(channel)
+        self.wait_counts[key] += 1
+        try:
+            return await self.locks[key].acquire()
+        except BaseException:
+            self._forget(key)
+            raise
+
+    def locked(self, channel: str) -> bool:
+        lock = self.locks.get(self._key(channel))
+        return lock is not None and lock.locked()
+
+    def release(self, channel: str) -> None:
+        key = self._key(channel)
+        self.locks[key].release()
+        self._forget(key)
+
+    def _forget(self, key) -> None:
+        self.wait_counts[key] -= 1
+        if self.wait_counts[key] < 1:
+            del self.locks[key]
+            del self.wait_counts[key]
 
 
 def _copy(value: Any) -> Any:
@@ -142,6 +182,7 @@ class HermesRedisChannelLayer(RedisChannelLayer):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.receive_clean_locks = _LoopChannelLock()
         self._waiters: dict[str, collections.deque[asyncio.Future]] = {}
         self._buffers: dict[str, collections.deque[dict]] = {}
         self._reader: asyncio.Task | None = None

@@ -250,3 +250,34 @@ def test_a_process_receives_only_on_its_own_channels(redis_url):
         return mine._waiters
 
     assert asyncio.run(go()) == {}
+
+
+def test_receive_locks_hold_across_event_loops_after_a_cancelled_wait(redis_url):
+    """A loop that waited on a receive lock and was cancelled, then ended,
+    leaves nothing behind: a later loop's receives wait on the same channel's
+    lock and get it (the stock helper raised "bound to a different event
+    loop"), and a lock a gone loop never released does not block them."""
+    layer = HermesRedisChannelLayer(hosts=[redis_url])
+    locks = layer.receive_clean_locks
+
+    async def first_loop():
+        await locks.acquire("inbox")
+        waiter = asyncio.create_task(locks.acquire("inbox"))
+        await asyncio.sleep(0)  # it waits, on this loop
+        waiter.cancel()
+        await asyncio.gather(waiter, return_exceptions=True)
+        await locks.acquire("held")  # and never released
+
+    async def later_loop():
+        await locks.acquire("inbox")
+        second = asyncio.create_task(locks.acquire("inbox"))
+        await asyncio.sleep(0)
+        locks.release("inbox")
+        await asyncio.wait_for(second, 10)
+        locks.release("inbox")
+        await asyncio.wait_for(locks.acquire("held"), 10)
+        locks.release("held")
+        return locks.locked("inbox")
+
+    asyncio.run(first_loop())
+    assert asyncio.run(later_loop()) is False
