@@ -29,7 +29,7 @@ import json
 import logging
 from datetime import timedelta
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 
 from journal.leases import Claim
@@ -242,13 +242,37 @@ def deliver_stranded(*, limit: int = 20) -> list[str]:
 
 def deliver_after_end(run_id: str, session_id: int | None = None) -> str | None:
     """`deliver_next` in a savepoint: a failure is logged and the run's end
-    stands (the message stays pending, shown and cancellable)."""
+    stands (the message stays pending, shown and cancellable).
+
+    With `session_id` (the worker's own end of a run), the session's lock and
+    the one indexed look come first, without the savepoint: most runs end
+    with nothing pending, and that is then all their end pays.
+    """
+    if session_id is not None and not _pending_locked(session_id):
+        return None
     try:
         with transaction.atomic():
             return deliver_next(run_id=run_id, session_id=session_id)
     except Exception:
         log.exception("starting the queued message failed after run_id=%s", run_id)
         return None
+
+
+def _pending_locked(session_id: int) -> bool:
+    """Lock the session as `deliver_next` does, then look for a pending
+    message: two plain statements."""
+    lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT id FROM {ChatSession._meta.db_table} WHERE id = %s{lock}",
+            [session_id],
+        )
+        cursor.execute(
+            f"SELECT 1 FROM {PendingMessage._meta.db_table}"
+            " WHERE session_id = %s AND state = %s LIMIT 1",
+            [session_id, PENDING],
+        )
+        return cursor.fetchone() is not None
 
 
 def _on_settled(sender, *, run_id: str, **kwargs) -> None:

@@ -17,7 +17,7 @@ shows meanwhile.
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Q
 from django.utils import timezone
 
@@ -120,18 +120,18 @@ def branch_last_run(*, session_id: int) -> str | None:
 
 def run_leaf(*, run_id: str) -> int | None:
     """Where the run's next message goes: under its last one, else under the
-    message it answers."""
-    last = (
-        Message.objects.filter(run_id=run_id)
-        .order_by("-id")
-        .values_list("id", flat=True)
-        .first()
-    )
-    if last is not None:
-        return last
-    return (
-        Turn.objects.filter(run_id=run_id).values_list("reply_to_id", flat=True).first()
-    )
+    message it answers.
+
+    One statement: every run's end asks (`chat.runner`).
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT COALESCE((SELECT MAX(id) FROM {Message._meta.db_table}"
+            " WHERE run_id = %s),"
+            f" (SELECT reply_to_id FROM {Turn._meta.db_table} WHERE run_id = %s))",
+            [run_id, run_id],
+        )
+        return cursor.fetchone()[0]
 
 
 def run_path(*, session_id: int, run_id: str | None) -> list[int]:

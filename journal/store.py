@@ -14,7 +14,7 @@ from datetime import datetime
 from typing import NamedTuple
 
 from django.db import connection, transaction
-from django.db.models import F
+from django.db.models import Field
 from django.utils import timezone
 
 from . import metrics
@@ -81,7 +81,9 @@ def append(
             raise result
         return result
     now = timezone.now()
-    with transaction.atomic():
+    # No savepoint: a rejected fence writes nothing, and is raised outside the
+    # block; any other error leaves the caller's transaction to roll back.
+    with transaction.atomic(savepoint=False):
         last_seq = _take_seqs_settling(
             run_id,
             token,
@@ -90,18 +92,22 @@ def append(
             run_fields,
             now,
         )
-        first = last_seq - len(events) + 1
-        records = [
-            Record(first + i, event_type, encode(payload))
-            for i, (event_type, payload) in enumerate(events)
-        ]
-        created = connection.ops.adapt_datetimefield_value(now)
-        with connection.cursor() as cursor:
-            cursor.executemany(
-                "INSERT INTO journal_event (run_id, seq, type, payload, created_at)"
-                " VALUES (%s, %s, %s, %s, %s)",
-                [(run_id, r.seq, r.type, r.payload, created) for r in records],
-            )
+        if last_seq is not None:
+            first = last_seq - len(events) + 1
+            records = [
+                Record(first + i, event_type, encode(payload))
+                for i, (event_type, payload) in enumerate(events)
+            ]
+            created = connection.ops.adapt_datetimefield_value(now)
+            with connection.cursor() as cursor:
+                cursor.executemany(
+                    "INSERT INTO journal_event"
+                    " (run_id, seq, type, payload, created_at)"
+                    " VALUES (%s, %s, %s, %s, %s)",
+                    [(run_id, r.seq, r.type, r.payload, created) for r in records],
+                )
+    if last_seq is None:
+        raise AppendRejected(run_id, _rejection_reason(run_id, token))
     metrics.EVENTS_APPENDED.inc(len(records))
     return records
 
@@ -111,10 +117,16 @@ _ACTIVE_IN = "(" + ", ".join(["%s"] * len(Run.ACTIVE)) + ")"
 
 def _take_seqs_settling(
     run_id: str, token: int, count: int, end: dict | None, run_fields: dict | None, now
-) -> int:
-    """Take `count` seqs under the fence, saving `run_fields`; with an `end`,
-    settle the run. Returns the run's new last seq."""
-    updates: dict = {"last_seq": F("last_seq") + count, **(run_fields or {})}
+) -> int | None:
+    """Take `count` seqs under the fence, saving `run_fields` (plain values);
+    with an `end`, settle the run. Returns the run's new last seq, or None
+    if the fence does not hold (then nothing changed).
+
+    One statement, `UPDATE … RETURNING`: a run's end is on the worker's path
+    for every run, and the ORM's update and read back cost several times its
+    work (docs/benchmarks.md, finding 21).
+    """
+    updates: dict = dict(run_fields or {})
     if end is not None:
         error = end.get("error") or {}
         updates.update(
@@ -125,12 +137,23 @@ def _take_seqs_settling(
             error_category=error.get("category", ""),
             error_message=error.get("message", ""),
         )
-    taken = Run.objects.filter(
-        id=run_id, fencing_token=token, status__in=Run.ACTIVE
-    ).update(**updates)
-    if taken != 1:
-        raise AppendRejected(run_id, _rejection_reason(run_id, token))
-    return Run.objects.values_list("last_seq", flat=True).get(id=run_id)
+    columns, values = ["last_seq = last_seq + %s"], [count]
+    for name, value in updates.items():
+        field = Run._meta.get_field(name)
+        assert isinstance(field, Field), name  # a column of the run
+        columns.append(connection.ops.quote_name(field.column) + " = %s")
+        values.append(field.get_db_prep_save(value, connection))
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE journal_run SET "
+            + ", ".join(columns)
+            + " WHERE id = %s AND fencing_token = %s AND status IN "
+            + _ACTIVE_IN
+            + " RETURNING last_seq",
+            [*values, run_id, token, *Run.ACTIVE],
+        )
+        row = cursor.fetchone()
+    return None if row is None else row[0]
 
 
 def _rejection_reason(run_id: str, token: int) -> str:

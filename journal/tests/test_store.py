@@ -218,3 +218,23 @@ def test_the_event_table_has_no_second_index_on_the_run(db):
         if (c["index"] or c["unique"]) and c["columns"][:1] == ["run_id"]
     )
     assert on_run == ["event_one_end_per_run", "event_unique_run_seq"]
+
+
+def test_a_rejected_end_leaves_the_callers_transaction_usable(alice):
+    """A fence that fails writes nothing, so the caller's transaction goes on
+    (`run_settle` commits its take-over when another settled first)."""
+    from django.db import transaction
+
+    run = running_run(alice[0])
+    end = ("end", {"status": "completed", "terminal_state": "completed"})
+    with transaction.atomic():
+        with pytest.raises(AppendRejected, match="stale fencing token"):
+            append(run_id=run.id, token=7, events=[*_tokens(1), end])
+        Run.objects.filter(id=run.id).update(lease_owner="still-writable")
+    run.refresh_from_db()
+    assert (run.status, run.last_seq, run.lease_owner) == (
+        "running",
+        0,
+        "still-writable",
+    )
+    assert not Event.objects.filter(run=run).exists()
