@@ -241,17 +241,18 @@ def deliver_stranded(*, limit: int = 20) -> list[str]:
 
 
 def deliver_after_end(run_id: str, session_id: int | None = None) -> str | None:
-    """`deliver_next` in a savepoint: a failure is logged and the run's end
-    stands (the message stays pending, shown and cancellable).
+    """`deliver_next` in a savepoint: a failure (a deadlock over the
+    session's lock included) is logged and the run's end stands (the message
+    stays pending, shown and cancellable).
 
     With `session_id` (the worker's own end of a run), the session's lock and
-    the one indexed look come first, without the savepoint: most runs end
+    the one indexed look come first, as two plain statements: most runs end
     with nothing pending, and that is then all their end pays.
     """
-    if session_id is not None and not _pending_locked(session_id):
-        return None
     try:
         with transaction.atomic():
+            if session_id is not None and not _pending_locked(session_id):
+                return None
             return deliver_next(run_id=run_id, session_id=session_id)
     except Exception:
         log.exception("starting the queued message failed after run_id=%s", run_id)

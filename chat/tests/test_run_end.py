@@ -37,14 +37,14 @@ def _finish(run: Run, session: ChatSession, token: int = 1):
 
 def test_an_end_with_nothing_pending_is_one_short_transaction(alice, settings):
     """Every run pays its end: the answer under the question, the journal's
-    usage and end, the turn's figures and the pending look, in nine
-    statements, BEGIN and COMMIT included."""
+    usage and end, the turn's figures and the pending look (in a savepoint
+    of its own), in eleven statements, BEGIN and COMMIT included."""
     settings.HERMES = {**settings.HERMES, "TITLES": False}
     run, session = _running(alice[0])
     question = Message.objects.get(session=session, role=Message.Role.USER)
     with CaptureQueriesContext(connection) as statements:
         records = _finish(run, session)
-    assert len(statements.captured_queries) <= 9, [
+    assert len(statements.captured_queries) <= 11, [
         q["sql"][:80] for q in statements.captured_queries
     ]
     answer = Message.objects.get(session=session, role=Message.Role.ASSISTANT)
@@ -80,3 +80,26 @@ def test_a_fenced_out_end_keeps_nothing(alice):
     assert not Event.objects.filter(run=run).exists()
     run.refresh_from_db()
     assert (run.status, run.last_seq) == (Run.Status.RUNNING, 0)
+
+
+def test_a_failed_pending_look_leaves_the_end_standing(alice, settings, monkeypatch):
+    """The look for a queued message fails in the database (as a deadlock
+    over the session's lock would): logged, and the answer and the end are
+    kept all the same (on PostgreSQL a failed statement outside a savepoint
+    would abort the whole transaction)."""
+    from chat import pending
+
+    settings.HERMES = {**settings.HERMES, "TITLES": False}
+    run, session = _running(alice[0])
+
+    def look_fails(session_id: int) -> bool:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT no_such_column FROM chat_pendingmessage")
+        return True
+
+    monkeypatch.setattr(pending, "_pending_locked", look_fails)
+    records = _finish(run, session)
+    assert records[-1].type == "end"
+    run.refresh_from_db()
+    assert run.status == Run.Status.COMPLETED
+    assert Message.objects.filter(role=Message.Role.ASSISTANT, run=run).count() == 1
