@@ -160,12 +160,9 @@ def deliver_next(*, run_id: str, session_id: int | None = None) -> str | None:
         if turn is None:  # not a chat turn (a title run)
             return None
         session_id = turn.session_id
-    # The lock first: a `pending_add` committing now is seen by the look below.
-    session = ChatSession.objects.select_for_update().filter(pk=session_id).first()
-    if session is None:
+    if not _pending_locked(session_id):
         return None
-    if not PendingMessage.objects.filter(session_id=session_id, state=PENDING).exists():
-        return None
+    session = ChatSession.objects.get(pk=session_id)  # locked just now
     turn = turn or Turn.objects.get(run_id=run_id)
     unlanded = PendingMessage.objects.filter(run_id=run_id, kind=STEER, state=PENDING)
     converted = unlanded.update(kind=QUEUE, model=turn.model, provider=turn.provider)
@@ -243,16 +240,9 @@ def deliver_stranded(*, limit: int = 20) -> list[str]:
 def deliver_after_end(run_id: str, session_id: int | None = None) -> str | None:
     """`deliver_next` in a savepoint: a failure (a deadlock over the
     session's lock included) is logged and the run's end stands (the message
-    stays pending, shown and cancellable).
-
-    With `session_id` (the worker's own end of a run), the session's lock and
-    the one indexed look come first, as two plain statements: most runs end
-    with nothing pending, and that is then all their end pays.
-    """
+    stays pending, shown and cancellable)."""
     try:
         with transaction.atomic():
-            if session_id is not None and not _pending_locked(session_id):
-                return None
             return deliver_next(run_id=run_id, session_id=session_id)
     except Exception:
         log.exception("starting the queued message failed after run_id=%s", run_id)
@@ -260,8 +250,9 @@ def deliver_after_end(run_id: str, session_id: int | None = None) -> str | None:
 
 
 def _pending_locked(session_id: int) -> bool:
-    """Lock the session as `deliver_next` does, then look for a pending
-    message: two plain statements."""
+    """Lock the session, then look for a pending message: two plain
+    statements, all that most runs' ends pay. The lock comes first so that a
+    `pending_add` committing now (it takes the lock too) is seen by the look."""
     lock = " FOR UPDATE" if connection.features.has_select_for_update else ""
     with connection.cursor() as cursor:
         cursor.execute(

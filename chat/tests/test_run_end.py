@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 from chat import runner
 from chat.models import ChatSession, Message, PendingMessage, Turn
 from chat.pending import pending_add
+from chat.services import run_start
 from journal.leases import Claim
 from journal.models import Event, Run
 from journal.store import AppendRejected
@@ -17,8 +18,6 @@ ANSWER = {"role": Message.Role.ASSISTANT, "content": "Hi.", "complete": True}
 
 
 def _running(owner) -> tuple[Run, ChatSession]:
-    from chat.services import run_start
-
     session = ChatSession.objects.create(owner=owner)
     run, _ = run_start(session=session, content="hello", model="demo", provider="demo")
     Run.objects.filter(pk=run.pk).update(status=Run.Status.RUNNING, fencing_token=1)
