@@ -22,7 +22,12 @@ def _close_pool_connections(django_db_setup, django_db_blocker):
     server thread's connection) would keep it from being dropped, leaving a
     `test_hermes_<pid>` behind: those sessions of this run's own test
     database are ended first.
+
+    A module that imports the ASGI application at collection warms the pools
+    (`hermes_site.asgi.warm_up`) before the test database exists: their
+    threads, and the connections they opened, are stopped here first.
     """
+    dbpool.shutdown()
     yield
     dbpool.shutdown()
     from django.db import connection
@@ -68,9 +73,9 @@ def titles_on(_no_titles, settings):
 
 @pytest.fixture(scope="session")
 def server(django_db_setup, django_db_blocker):
-    from hermes_site.asgi import application
+    with django_db_blocker.unblock():  # loading the application warms the pools
+        from hermes_site.asgi import application
 
-    with django_db_blocker.unblock():
         srv = AsgiServer(application).start()
         yield srv
         srv.stop()

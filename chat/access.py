@@ -36,11 +36,16 @@ def run_get_for_owner(*, run_id: str, user) -> Run:
     # PostgreSQL refuses NUL in text; no run id holds one (WebSocket paths
     # reach here without the HTTP middleware that turns it away).
     usable = user.pk and "\x00" not in run_id and len(run_id) <= RUN_ID_MAX
-    runs = Run.objects.select_related("turn").filter(id=run_id, owner_id=user.pk)
-    run = runs.first() if usable else None
+    run = owned_run(run_id, user.pk) if usable else None
     if run is None:
         raise NotFound(f"no run {run_id}")
     return run
+
+
+def owned_run(run_id: str, owner_id: int) -> Run | None:
+    return (
+        Run.objects.select_related("turn").filter(id=run_id, owner_id=owner_id).first()
+    )
 
 
 def session_get_for_owner(*, session_id, user) -> ChatSession:

@@ -18,16 +18,19 @@ from journal import dbpool, wire
 from journal.cursor import Verdict, cursor_from_request, decide_for_run
 from journal.outages import CHANNEL_LAYER, Backoff, outage
 from journal.publish import owner_group
+from journal.store import read_after, run_state
 from journal.subscribe import subscribe_frames
 
 from . import limits
 from .access import (
     NotFound,
     credential_of_request,
+    owned_run,
     run_get_for_owner,
     until_revoked,
     unwatch_credential,
     user_from_request,
+    user_from_token_header,
     watch_credential,
 )
 from .models import session_of_subject, turn_of
@@ -178,6 +181,18 @@ def _authorize(request, run_id: str):
         return run_get_for_owner(run_id=run_id, user=user), None
     except NotFound:
         return None, JsonResponse({"error": f"no run {run_id}"}, status=404)
+
+
+def first_reads() -> None:
+    """The reads of a stream's first request (the user's token, the run, the
+    run's state, its journal), asked for keys that match nothing. A server
+    asks them on each database thread as it starts (hermes_site/asgi.py): a
+    thread's first statements of each kind cost several times what later
+    ones do, and a user's first stream would pay for them."""
+    user_from_token_header("Token -")
+    owned_run("-", 0)
+    run_state(run_id="-")
+    read_after(run_id="-", after_seq=0)
 
 
 def pruned_response(run) -> JsonResponse:

@@ -29,11 +29,13 @@ from channels.auth import AuthMiddlewareStack  # noqa: E402  (after Django setup
 from channels.routing import ProtocolTypeRouter, URLRouter  # noqa: E402
 
 from chat.routing import websocket_urlpatterns  # noqa: E402
-from chat.sse import SSEBody, SSEResponse  # noqa: E402
+from chat.sse import SSEBody, SSEResponse, first_reads  # noqa: E402
 from chat.ws_security import origin_checked  # noqa: E402
 from hermes_site.backpressure import SSEFlow  # noqa: E402
 from hermes_site.heap import freeze_startup_heap  # noqa: E402
+from journal import dbpool  # noqa: E402
 
+WARM_WAIT_S = 3.0  # at most, for the read pool's connections at start-up
 STREAM_PATHS = re.compile(r"^/api/(runs/[^/]+/events|stream)/$")
 _stream_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hermes-streams")
 
@@ -127,8 +129,9 @@ def _header(name: str, value: str) -> tuple[bytes, bytes]:
 def warm_up() -> None:
     """Pay at start-up what a user's first request would pay: the URLconf and
     every view module it imports (the API, its schema, the tools), the stream
-    path's modules and the channel layer. Without this the first stream after
-    a start waited for those imports (docs/benchmarks.md)."""
+    path's modules, the channel layer, and the read pool's connections with
+    their first statements. Without this the first stream after a start
+    waited for those imports and connections (docs/benchmarks.md)."""
     from channels.layers import get_channel_layer
     from django.urls import get_resolver
 
@@ -136,8 +139,12 @@ def warm_up() -> None:
     resolver.resolve("/api/stream/")
     resolver.resolve("/api/runs/warm-up/events/")
     get_channel_layer()
+    warming = dbpool.readers.warm(first_reads)
     _stream_thread.submit(lambda: None).result()  # the shared thread, started
     freeze_startup_heap()
+    # Bounded: a database out of reach delays the start by no more than this,
+    # and the first request meets the outage as it would have.
+    warming.wait(WARM_WAIT_S)
 
 
 warm_up()

@@ -45,6 +45,7 @@ READ_THREADS = 4
 WRITE_THREADS = 1
 
 PING_IDLE_S = 1.0  # a connection idle this long is checked before it is used
+WARM_WAIT_S = 5.0  # how long a thread that warmed up waits for the others
 SLOW_JOB_S = 5.0  # a job this slow counts as trouble too (a frozen server)
 
 _STOP = object()
@@ -133,6 +134,10 @@ class DBPool:
             if item is _STOP:
                 connections.close_all()
                 return
+            if isinstance(item, _Warm):
+                item.run()
+                done_at = time.monotonic()
+                continue
             done_at = self._do(item, done_at)
 
     def _do(self, item, done_at: float) -> float:
@@ -194,6 +199,25 @@ class DBPool:
         self._queue.put((rank, next(self._order), job))
         return await future
 
+    def warm(self, fn: Callable[[], object] | None = None) -> threading.Event:
+        """Open every thread's connection now, ahead of any queued job, and
+        run `fn` (say, the statements a first request makes) on each; return
+        at once, with an event set when every thread has done so.
+
+        A thread's first job otherwise pays for its connection: on PostgreSQL
+        about 5 ms to connect and as much again for the connection's first
+        statements, on each of the pool's threads in turn, so a server's
+        first streams waited for them (docs/benchmarks.md). Best effort: a
+        database out of reach now is met again, and handled, by the first
+        job (the threads connect afresh before each job).
+        """
+        self._start()
+        done = threading.Event()
+        gate = threading.Barrier(self.size, action=done.set, timeout=WARM_WAIT_S)
+        for _ in range(self.size):
+            self._queue.put((_FIRST, next(self._order), _Warm(gate, fn)))
+        return done
+
     def shutdown(self) -> None:
         """Stop the threads, closing their connections (tests, process exit)."""
         with self._lock:
@@ -202,6 +226,31 @@ class DBPool:
                 self._queue.put((_LAST, next(self._order), _STOP))
         for thread in threads:
             thread.join(timeout=10)
+
+
+class _Warm:
+    """`DBPool.warm`'s job: open this thread's connection, then wait at the
+    gate until each thread has taken one such job, so that every thread
+    opens its own (idle threads would otherwise take them in any order)."""
+
+    def __init__(self, gate: threading.Barrier, fn: Callable[[], object] | None):
+        self.gate = gate
+        self.fn = fn
+
+    def run(self) -> None:
+        try:
+            connections["default"].ensure_connection()
+            if self.fn is not None:
+                self.fn()
+        except DATABASE_ERRORS as exc:  # the first job meets it again, and says so
+            log.debug("database not reached while warming up: %s", exc)
+            connections.close_all()
+        except Exception:  # a thread of the pool must outlive its warm-up
+            log.exception("warming up a database thread failed")
+        try:
+            self.gate.wait()
+        except threading.BrokenBarrierError:  # a thread busy with a job: go on
+            pass
 
 
 def _hand_back(

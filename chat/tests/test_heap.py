@@ -7,12 +7,13 @@ import time
 import httpx
 from django.http import HttpRequest, HttpResponseBase
 
-import hermes_site.asgi
 from chat.sse import SSEResponse
 from hermes_testing.harness import running_run
 
 
-def test_the_web_app_start_up_freezes_its_heap():
+def test_the_web_app_start_up_freezes_its_heap(transactional_db):
+    import hermes_site.asgi  # here, not at collection: loading it warms the pools
+
     gc.unfreeze()
     assert gc.get_freeze_count() == 0
     hermes_site.asgi.warm_up()  # what loading the ASGI module runs
