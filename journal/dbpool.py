@@ -209,7 +209,7 @@ class DBPool:
         statements, on each of the pool's threads in turn, so a server's
         first streams waited for them (docs/benchmarks.md). Best effort: a
         database out of reach now is met again, and handled, by the first
-        job (the threads connect afresh before each job).
+        job, which connects if the warm-up could not.
         """
         self._start()
         done = threading.Event()
