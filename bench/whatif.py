@@ -9,6 +9,8 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `switch-interval:S`: `sys.setswitchinterval(S)` (CPython's default is 0.005 s):
   how long a thread that waited on I/O (the writer, after each database round
   trip) may wait for the event loop's thread to hand the GIL back.
+- `gc-threshold:N`: the collector's young generation collected after N net
+  allocations of container objects instead of CPython's 700.
 - `committer-thread`: the journal's committer (`chat.writer`) on a writer
   thread and connection of its own, so a tick never waits behind another
   write (a run's start or end, a lease renewal). PostgreSQL only: SQLite
@@ -151,6 +153,10 @@ def apply() -> set[str]:
     for name in names:
         if name.startswith("switch-interval:"):
             sys.setswitchinterval(float(name.split(":")[1]))
+        if name.startswith("gc-threshold:"):
+            import gc
+
+            gc.set_threshold(int(name.split(":")[1]), *gc.get_threshold()[1:])
         if name.startswith("writer-threads:"):
             from journal import dbpool
 
