@@ -219,13 +219,19 @@ class DBPool:
         return done
 
     def shutdown(self) -> None:
-        """Stop the threads, closing their connections (tests, process exit)."""
+        """Stop the threads, closing their connections (tests, process exit).
+
+        The lock is held until they have stopped: a job submitted meanwhile
+        starts the next threads only then, so none of those takes a stop
+        meant for these (which would leave one of these running, with its
+        connection, outside the pool's list).
+        """
         with self._lock:
             threads, self._threads = self._threads, []
             for _ in threads:
                 self._queue.put((_LAST, next(self._order), _STOP))
-        for thread in threads:
-            thread.join(timeout=10)
+            for thread in threads:
+                thread.join(timeout=10)
 
 
 class _Warm:

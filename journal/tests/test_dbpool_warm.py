@@ -1,5 +1,7 @@
-"""A server's start-up opens the database pools' connections (`dbpool.warm`),
-so that no job, and no user's first request, pays for one."""
+"""Starting and stopping the database pools' threads: a server's start-up
+opens their connections (`DBPool.warm`), so that no job, and no user's first
+request, pays for one; a pool stopped while a job wants it leaves no thread
+of its own behind (`DBPool.shutdown`)."""
 
 import asyncio
 import threading
@@ -8,6 +10,7 @@ import pytest
 from django.db import connection
 from django.db.backends.signals import connection_created
 
+from hermes_testing.harness import wait_until
 from journal import dbpool
 
 
@@ -69,3 +72,53 @@ def test_a_failing_warm_up_leaves_the_pool_working(connects):
     assert dbpool.readers.warm(broken).wait(30)
     names = asyncio.run(_every_thread(dbpool.readers))
     assert names == {f"hermes-db-read-{i}" for i in range(dbpool.READ_THREADS)}
+
+
+class _NotedLock:
+    """A lock that notes the threads that began to wait for it."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self.waiters: set[str] = set()
+
+    def __enter__(self):
+        self.waiters.add(threading.current_thread().name)
+        self._lock.acquire()
+
+    def __exit__(self, *exc):
+        self._lock.release()
+
+
+def _alive(name: str) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith(f"hermes-db-{name}-")]
+
+
+def test_threads_started_while_a_pool_stops_take_none_of_its_stops():
+    """Stopping a pool whose thread is busy, while a job wants the pool:
+    the new thread starts once the old one has stopped, and no thread of the
+    old pool is left running outside it."""
+    pool = dbpool.DBPool("stopping", 1)
+    release, began = threading.Event(), threading.Event()
+
+    def busy() -> None:
+        began.set()
+        release.wait(30)
+
+    job = threading.Thread(target=asyncio.run, args=(pool.run(busy),))
+    job.start()
+    assert began.wait(30)
+    pool._lock = lock = _NotedLock()
+    stopper = threading.Thread(target=pool.shutdown)
+    stopper.start()
+    wait_until(lambda: pool._queue.qsize() == 1)  # its stop, queued
+    starter = threading.Thread(target=pool._start, name="starter")  # wants the pool
+    starter.start()
+    wait_until(lambda: "starter" in lock.waiters or not starter.is_alive())
+    release.set()
+    for thread in (job, stopper, starter):
+        thread.join(30)
+    try:
+        assert _alive("stopping") == pool._threads
+        assert len(pool._threads) == 1
+    finally:
+        pool.shutdown()
