@@ -6,10 +6,12 @@ in-memory channel layer lives in that loop) is handed to `call()`.
 """
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -17,6 +19,7 @@ import httpx
 import uvicorn
 import websockets
 from channels.layers import get_channel_layer
+from django.db.backends.signals import connection_created
 from django.utils import timezone
 from httpx_sse import EventSource
 from rest_framework.authtoken.models import Token
@@ -154,6 +157,22 @@ def running_run(owner, *, lease_s: float = 60, subject: str = "") -> Run:
         lease_expires_at=timezone.now() + timedelta(seconds=lease_s),
         started_at=timezone.now(),
     )
+
+
+@contextlib.contextmanager
+def connections_opened() -> Iterator[list[str]]:
+    """The names of the threads that open a database connection, in order,
+    while the block runs (Django's `connection_created`, any thread)."""
+    names: list[str] = []
+
+    def note(sender, **kwargs):
+        names.append(threading.current_thread().name)
+
+    connection_created.connect(note, weak=False)
+    try:
+        yield names
+    finally:
+        connection_created.disconnect(note)
 
 
 def wait_until(predicate, timeout: float = 30, interval: float = 0.02):

@@ -45,7 +45,7 @@ READ_THREADS = 4
 WRITE_THREADS = 1
 
 PING_IDLE_S = 1.0  # a connection idle this long is checked before it is used
-WARM_WAIT_S = 5.0  # how long a thread that warmed up waits for the others
+WARM_GATE_S = 5.0  # how long a thread that warmed up waits for the others
 SLOW_JOB_S = 5.0  # a job this slow counts as trouble too (a frozen server)
 
 _STOP = object()
@@ -213,7 +213,7 @@ class DBPool:
         """
         self._start()
         done = threading.Event()
-        gate = threading.Barrier(self.size, action=done.set, timeout=WARM_WAIT_S)
+        gate = threading.Barrier(self.size, action=done.set, timeout=WARM_GATE_S)
         for _ in range(self.size):
             self._queue.put((_FIRST, next(self._order), _Warm(gate, fn)))
         return done

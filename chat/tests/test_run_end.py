@@ -5,7 +5,7 @@ import pytest
 from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
-from chat import runner
+from chat import pending, runner
 from chat.models import ChatSession, Message, PendingMessage, Turn
 from chat.pending import pending_add
 from chat.services import run_start
@@ -86,8 +86,6 @@ def test_a_failed_pending_look_leaves_the_end_standing(alice, settings, monkeypa
     over the session's lock would): logged, and the answer and the end are
     kept all the same (on PostgreSQL a failed statement outside a savepoint
     would abort the whole transaction)."""
-    from chat import pending
-
     settings.HERMES = {**settings.HERMES, "TITLES": False}
     run, session = _running(alice[0])
 

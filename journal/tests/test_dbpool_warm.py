@@ -8,23 +8,16 @@ import threading
 
 import pytest
 from django.db import connection
-from django.db.backends.signals import connection_created
 
-from hermes_testing.harness import wait_until
+from hermes_testing.harness import connections_opened, wait_until
 from journal import dbpool
 
 
 @pytest.fixture
 def connects():
     """The names of the threads that open a database connection from here on."""
-    names: list[str] = []
-
-    def note(sender, **kwargs):
-        names.append(threading.current_thread().name)
-
-    connection_created.connect(note, weak=False)
-    yield names
-    connection_created.disconnect(note)
+    with connections_opened() as names:
+        yield names
 
 
 def _thread_name() -> str:
