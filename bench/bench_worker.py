@@ -12,7 +12,8 @@ waiting at the fake's gate before the gate opens: all runs stream at once.
 Token → reader latency: each token's text carries its index (" w0042"); the fake
 records the CLOCK_MONOTONIC time it wrote each token's frame, the reader the
 time it read the event carrying it (same clock: Linux CLOCK_MONOTONIC is
-system-wide). It includes the worker's 30 ms coalescing, by design.
+system-wide). It includes the worker's coalescing (30 ms, 50 ms once a tick
+carries 160 runs), by design.
 
     python bench/bench_worker.py [--backend embedded|scaleout|both] [--quick]
                                  [--runs 25,50] [--durability] [--rounds N]

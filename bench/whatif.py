@@ -9,6 +9,9 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `switch-interval:S`: `sys.setswitchinterval(S)` (CPython's default is 0.005 s):
   how long a thread that waited on I/O (the writer, after each database round
   trip) may wait for the event loop's thread to hand the GIL back.
+- `interval:S`: the journal committer's ticks at most every S seconds, however
+  many runs they carry (`chat.writer.tick_interval`: 30 ms, stretching to 50
+  ms from 80 to 160 runs in a tick).
 - `gc-threshold:N`: the collector's young generation collected after N net
   allocations of container objects instead of CPython's 700.
 - `committer-thread`: the journal's committer (`chat.writer`) on a writer
@@ -21,9 +24,15 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   and no wait to win the GIL back after the round trip. PostgreSQL only; a
   sketch for measuring (no validation, no fencing errors, no reconnection).
   Not applied with `pass-through`.
+- `loop-commit`: the committer's statements (`append_many`, `run_positions`)
+  run on the event loop's own thread and connection, blocking the loop while
+  they run, instead of on the writer thread: no hand-off, no wait for the GIL.
+  A sketch for measuring (SQLite; the loop blocks on the database's lock).
 - `tick-probe`: records each tick of the committer (its whole time, its
   `append_many` call, its publish, its events) into
   `var/bench/tick-probe-<pid>.json`, rewritten every 20 ticks.
+- `uvloop`: the event loop is uvloop's (its policy set before daphne installs
+  its asyncio reactor). Only where `whatif.py` stands in for `manage.py`.
 - `pass-through`: the build durability is measured against. The committer's
   appends (`append_many`) write nothing after a run's first batch (its
   `start`, stored): each run's seqs are counted in memory from there and the
@@ -146,11 +155,18 @@ def apply() -> set[str]:
         from journal import dbpool
 
         _committer_writes_to(dbpool.DBPool("commit", 1))
+    if "loop-commit" in names:
+        _loop_commit()
     if "tick-probe" in names:
         _tick_probe()
     if "async-commit" in names and "pass-through" not in names:
         _async_commit()
     for name in names:
+        if name.startswith("interval:"):
+            import chat.writer
+
+            seconds = float(name.split(":", 1)[1])
+            chat.writer.INTERVAL_S = chat.writer.INTERVAL_MAX_S = seconds
         if name.startswith("switch-interval:"):
             sys.setswitchinterval(float(name.split(":")[1]))
         if name.startswith("gc-threshold:"):
@@ -225,6 +241,18 @@ def _committer_writes_to(writers) -> None:
     )
 
 
+def _loop_commit() -> None:
+    """The committer's statements run on the event loop's thread, blocking it."""
+    import types
+
+    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
+
+    async def first(fn, *args, **kwargs):
+        return fn(*args, **kwargs)
+
+    _committer_writes_to(types.SimpleNamespace(first=first, run=first))
+
+
 def _async_commit() -> None:
     import types
 
@@ -269,6 +297,13 @@ def _async_commit() -> None:
 
 def main() -> None:
     import django
+
+    if "uvloop" in wanted():
+        import asyncio
+
+        import uvloop
+
+        asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
     django.setup()
     apply()

@@ -5,11 +5,12 @@ call that never waits on the database or the broker. One committer per event
 loop gathers what every run has pending, coalesces it (consecutive text of one
 kind becomes one event, at most `TEXT_EVENT_CHARS` long, so no event exceeds
 64 KiB) and appends it all in a single transaction, each run fenced on its own;
-then it publishes each run's records. Ticks start at most every `INTERVAL_S`:
-what is added after a pause is committed at once, and while events keep
-coming each tick starts `INTERVAL_S` after the one before. With hundreds of runs
-streaming, one commit per tick instead of one per run is what keeps the
-worker's write path cheap (docs/benchmarks.md).
+then it publishes each run's records. Ticks start at most every 30 ms
+(`tick_interval`): what is added after a pause is committed at once, and while
+events keep coming each tick starts one interval after the one before. With
+hundreds of runs streaming, one commit per tick instead of one per run is what
+keeps the worker's write path cheap, and the interval stretches to 50 ms for
+them, so that each event carries more text (docs/benchmarks.md, finding 23).
 
 Faults, and what each costs:
 
@@ -50,6 +51,8 @@ from journal.store import AppendRejected, Record, append_many, encode, run_posit
 log = logging.getLogger(__name__)
 
 INTERVAL_S = 0.03  # 25–50 ms: one row carries a chunk of text, latency stays low
+INTERVAL_MAX_S = 0.05  # with many runs streaming (tick_interval)
+CROWD_RUNS = (80, 160)  # the interval stretches between these runs in a tick
 MAX_BYTES = 2048  # commit early once a run has this much text waiting
 BACKOFF_MAX_S = 1.0  # retry an unreachable database at least this often
 BUFFER_MAX_CHARS = 8 * 2**20  # per run, while its appends cannot land
@@ -207,6 +210,22 @@ class BatchWriter:
             self.on_trouble(what)
 
 
+def tick_interval(runs: int) -> float:
+    """How soon after a tick's start the next may start, when it carried `runs`.
+
+    `INTERVAL_S` up to `CROWD_RUNS[0]` runs, `INTERVAL_MAX_S` from `CROWD_RUNS[1]`,
+    in proportion between. Most of what a tick costs the process is paid per
+    event, not per character: a row, a message through the channel layer, a
+    wake-up and a socket write for each reader. With few runs there is CPU to
+    spare and text reaches readers sooner; with many, a longer interval puts
+    more of each run's text in one event, which is what keeps the process from
+    falling behind (docs/benchmarks.md, finding 23).
+    """
+    low, high = CROWD_RUNS
+    share = min(max((runs - low) / (high - low), 0.0), 1.0)
+    return INTERVAL_S + share * (INTERVAL_MAX_S - INTERVAL_S)
+
+
 class _Committer:
     """Commits every run's pending events of one event loop, a tick at a time."""
 
@@ -228,22 +247,24 @@ class _Committer:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         last_tick: float | None = None  # when the last tick started
+        interval = INTERVAL_S  # after it, for as many runs as it carried
         while True:
             await self._wake.wait()
             self._wake.clear()
             if self._backoff:
                 await asyncio.sleep(self._backoff)
             elif all(w.pending_bytes < MAX_BYTES for w in self._waiting):
-                # A tick at most every INTERVAL_S, counted from the last one's
+                # A tick at most every interval, counted from the last one's
                 # start: the batches fill while it commits, and what comes
                 # after a pause is committed at once (docs/benchmarks.md).
                 if last_tick is not None:
-                    delay = last_tick + INTERVAL_S - loop.time()
+                    delay = last_tick + interval - loop.time()
                     if delay > 0:
                         await asyncio.sleep(delay)
             last_tick = loop.time()
             waiting = list(self._waiting)
             self._waiting.clear()
+            interval = tick_interval(len(waiting))
             try:
                 await self._commit(waiting)
             except Exception:  # never lose the committer: the runs would hang

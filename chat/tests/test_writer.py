@@ -10,7 +10,8 @@ import json
 
 import pytest
 
-from chat.writer import BatchWriter, EventsNotStored
+from chat import writer as writer_module
+from chat.writer import BatchWriter, EventsNotStored, tick_interval
 from hermes_testing.harness import running_run
 from journal import dbpool
 from journal.events import MAX_EVENT_BYTES, InvalidEvent
@@ -71,6 +72,59 @@ def test_what_is_added_after_a_pause_is_committed_without_waiting_a_tick(
 
     asyncio.run(write())
     assert [json.loads(p) for _, p in _rows(run)] == [{"text": "first"}]
+
+
+def test_the_interval_stretches_with_the_runs_a_tick_carries():
+    low, high = writer_module.CROWD_RUNS
+    assert tick_interval(1) == tick_interval(low) == writer_module.INTERVAL_S
+    longest = writer_module.INTERVAL_MAX_S
+    assert tick_interval(high) == tick_interval(10 * high) == longest
+    between = [tick_interval(n) for n in range(low, high + 1)]
+    assert between == sorted(between)
+    assert tick_interval((low + high) // 2) == pytest.approx(
+        (writer_module.INTERVAL_S + writer_module.INTERVAL_MAX_S) / 2, rel=0.05
+    )
+
+
+def test_the_committer_waits_the_interval_of_its_last_ticks_runs(
+    alice, bob, monkeypatch
+):
+    """The wait before a tick is the interval for as many runs as the tick
+    before it carried: a crowded tick stretches the next wait, a lone run's
+    does not. The intervals are long and the sleeps are noted, not slept, so
+    the machine's pace cannot change what is seen."""
+    monkeypatch.setattr(writer_module, "CROWD_RUNS", (1, 2))
+    monkeypatch.setattr(writer_module, "INTERVAL_S", 100.0)
+    monkeypatch.setattr(writer_module, "INTERVAL_MAX_S", 1000.0)
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def noted_sleep(delay, *args):
+        waits.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(writer_module.asyncio, "sleep", noted_sleep)
+    runs = [running_run(alice[0]), running_run(bob[0])]
+
+    async def write():
+        one, two = (BatchWriter(run_id=r.id, token=1) for r in runs)
+        one.add("token", {"text": "a"})
+        two.add("token", {"text": "b"})
+        await asyncio.gather(one.flush(), two.flush())  # the first: no wait
+        assert waits == []
+        one.add("token", {"text": "c"})
+        await one.flush()  # after a tick of two runs
+        one.add("token", {"text": "d"})
+        await one.flush()  # after a tick of one
+        one.close()
+        two.close()
+
+    asyncio.run(write())
+    assert len(waits) == 2
+    assert 100 < waits[0] <= 1000  # two runs: the longest interval
+    assert 0 < waits[1] <= 100  # one run: the shortest
+    texts = [json.loads(p)["text"] for _, p in _rows(runs[0])]
+    assert "".join(texts) == "acd"
 
 
 def test_nul_and_lone_surrogates_are_journaled_as_replacement_characters(alice):
