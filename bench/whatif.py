@@ -32,7 +32,8 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   `append_many` call, its publish, its events) into
   `var/bench/tick-probe-<pid>.json`, rewritten every 20 ticks.
 - `uvloop`: the event loop is uvloop's (its policy set before daphne installs
-  its asyncio reactor). Only where `whatif.py` stands in for `manage.py`.
+  its asyncio reactor). Only where `whatif.py` stands in for `manage.py`;
+  uvloop is not among the requirements (`pip install uvloop` first).
 - `pass-through`: the build durability is measured against. The committer's
   appends (`append_many`) write nothing after a run's first batch (its
   `start`, stored): each run's seqs are counted in memory from there and the
@@ -300,9 +301,10 @@ def main() -> None:
 
     if "uvloop" in wanted():
         import asyncio
+        import importlib
 
-        import uvloop
-
+        # Not a requirement of the project: `pip install uvloop` to measure it.
+        uvloop = importlib.import_module("uvloop")
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
     django.setup()
