@@ -28,6 +28,9 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   run on the event loop's own thread and connection, blocking the loop while
   they run, instead of on the writer thread: no hand-off, no wait for the GIL.
   A sketch for measuring (SQLite; the loop blocks on the database's lock).
+- `bg-checkpoint:S`: SQLite's WAL checkpoints taken off the commits (every
+  connection of the process at `wal_autocheckpoint=0`) and run by a thread of
+  their own every S seconds (`PRAGMA wal_checkpoint(PASSIVE)`).
 - `tick-probe`: records each tick of the committer (its whole time, its
   `append_many` call, its publish, its events) into
   `var/bench/tick-probe-<pid>.json`, rewritten every 20 ticks.
@@ -168,6 +171,8 @@ def apply() -> set[str]:
 
             seconds = float(name.split(":", 1)[1])
             chat.writer.INTERVAL_S = chat.writer.INTERVAL_MAX_S = seconds
+        if name.startswith("bg-checkpoint:"):
+            _bg_checkpoint(float(name.split(":", 1)[1]))
         if name.startswith("switch-interval:"):
             sys.setswitchinterval(float(name.split(":")[1]))
         if name.startswith("gc-threshold:"):
@@ -240,6 +245,29 @@ def _committer_writes_to(writers) -> None:
     chat.writer.dbpool = types.SimpleNamespace(  # type: ignore[assignment]
         writers=writers, is_connection_error=dbpool.is_connection_error
     )
+
+
+def _bg_checkpoint(every_s: float) -> None:
+    import sqlite3
+    import threading
+
+    from django.conf import settings
+    from django.db.backends.signals import connection_created
+
+    def no_autocheckpoint(sender, connection, **kwargs):
+        if connection.vendor == "sqlite":
+            with connection.cursor() as cursor:
+                cursor.execute("PRAGMA wal_autocheckpoint=0")
+
+    connection_created.connect(no_autocheckpoint, weak=False)
+
+    def checkpoints():
+        db = sqlite3.connect(settings.DATABASES["default"]["NAME"], timeout=20)
+        while True:
+            threading.Event().wait(every_s)
+            db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
+
+    threading.Thread(target=checkpoints, daemon=True, name="checkpoints").start()
 
 
 def _loop_commit() -> None:
