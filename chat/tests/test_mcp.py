@@ -308,7 +308,8 @@ def _alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as stat:
             return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    except FileNotFoundError:
+    # Reaped before the open, or between the open and the read (ESRCH).
+    except (FileNotFoundError, ProcessLookupError):
         return False
 
 
