@@ -250,6 +250,7 @@ def _committer_writes_to(writers) -> None:
 def _bg_checkpoint(every_s: float) -> None:
     import sqlite3
     import threading
+    import time
 
     from django.conf import settings
     from django.db.backends.signals import connection_created
@@ -264,7 +265,7 @@ def _bg_checkpoint(every_s: float) -> None:
     def checkpoints():
         db = sqlite3.connect(settings.DATABASES["default"]["NAME"], timeout=20)
         while True:
-            threading.Event().wait(every_s)
+            time.sleep(every_s)
             db.execute("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
 
     threading.Thread(target=checkpoints, daemon=True, name="checkpoints").start()

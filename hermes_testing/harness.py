@@ -159,6 +159,16 @@ def running_run(owner, *, lease_s: float = 60, subject: str = "") -> Run:
     )
 
 
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` runs: a zombie (ended, not reaped) does not, nor
+    one reaped before its /proc entry is opened or while it is read."""
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:  # FileNotFoundError, or ESRCH between the open and the read
+        return False
+
+
 @contextlib.contextmanager
 def connections_opened() -> Iterator[list[str]]:
     """The names of the threads that open a database connection, in order,

@@ -23,7 +23,7 @@ from django.conf import settings as django_settings
 from chat.models import Message
 from hermes_testing.api import new_session, start_run, stream, text_of
 from hermes_testing.fake_llm import Reply
-from hermes_testing.harness import spawn, subprocess_env, wait_until
+from hermes_testing.harness import process_alive, spawn, subprocess_env, wait_until
 from hermes_testing.workers import spawn_worker
 from journal.models import Event, Run
 
@@ -303,16 +303,6 @@ def test_a_cancel_stops_a_hanging_tool_at_once(
     assert Message.objects.filter(run_id=run_id, role="tool").count() == 1
 
 
-def _alive(pid: int) -> bool:
-    """Whether process `pid` runs (a zombie, ended but not reaped, does not)."""
-    try:
-        with open(f"/proc/{pid}/stat") as stat:
-            return stat.read().rsplit(")", 1)[1].split()[0] != "Z"
-    # Reaped before the open, or between the open and the read (ESRCH).
-    except (FileNotFoundError, ProcessLookupError):
-        return False
-
-
 def test_a_stopping_worker_ends_its_stdio_servers(server, alice, fake_llm, settings):
     from chat.worker import Worker
 
@@ -324,10 +314,10 @@ def test_a_stopping_worker_ends_its_stdio_servers(server, alice, fake_llm, setti
         _, events = _run(server, alice)
         (done,) = _completions(events)
         pid = int(done["result"])
-        assert _alive(pid)  # kept for the worker's next run
+        assert process_alive(pid)  # kept for the worker's next run
     finally:
         server.call(worker.stop(grace_s=5))
-    wait_until(lambda: not _alive(pid), timeout=30)
+    wait_until(lambda: not process_alive(pid), timeout=30)
 
 
 @pytest.fixture(scope="module")
@@ -397,12 +387,12 @@ def test_a_worker_process_leaves_no_stdio_server_behind(
         (done,) = _completions(events)
         assert done["is_error"] is False
         pid = int(done["result"])
-        assert _alive(pid)
+        assert process_alive(pid)
         proc.send_signal(signum)
         proc.wait(30)
     finally:
         proc.kill()
-    wait_until(lambda: not _alive(pid), timeout=30)
+    wait_until(lambda: not process_alive(pid), timeout=30)
 
 
 def test_a_server_that_died_between_runs_is_restarted_before_the_next(
@@ -416,7 +406,7 @@ def test_a_server_that_died_between_runs_is_restarted_before_the_next(
     # it. Either way it is dead before the next run, which is what this tests.
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
-    wait_until(lambda: not _alive(pid), timeout=30)
+    wait_until(lambda: not process_alive(pid), timeout=30)
     fake_llm.push(_calls(("local__pid", {})), Reply(text="Two."))
     _, second = _run(server, alice)
     (done,) = _completions(second)

@@ -19,6 +19,7 @@ from typing import NamedTuple
 import h11
 import pytest
 
+from hermes_testing.chaos import rss_bytes
 from hermes_testing.harness import (
     daphne_args,
     make_user,
@@ -40,13 +41,6 @@ FEW, MANY = 2, 20  # slow readers in the first and the second round
 GIVEN_UP = "stream closed: reader too slow"
 WS_GIVEN_UP = "websocket closed: reader too slow"
 MiB = 1024 * 1024
-
-
-def _rss(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 class SlowReader:
@@ -153,7 +147,7 @@ def _slow_round(
     readers = [kind(port, path, token) for _ in range(n)]
     peak, deadline = 0, time.monotonic() + 120
     while log.read_text().count(marker) < closed_before + n:
-        peak = max(peak, _rss(daphne.pid))
+        peak = max(peak, rss_bytes(daphne.pid))
         assert daphne.poll() is None and time.monotonic() < deadline
         time.sleep(0.05)  # the sampling period of RSS, not a wait
     for reader in readers:  # given up on: now read what is left quickly
@@ -203,7 +197,7 @@ def served(transactional_db, django_user_model, tmp_path):
         warm = read_sse(url, headers=headers, timeout=60)  # allocator warmed once
         assert len(warm.events) == EVENTS + 1
         token = headers["Authorization"].split()[1]
-        yield Served(run.id, headers, token, port, daphne, log, _rss(daphne.pid))
+        yield Served(run.id, headers, token, port, daphne, log, rss_bytes(daphne.pid))
     finally:
         daphne.terminate()
         daphne.wait(20)
