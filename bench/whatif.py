@@ -31,6 +31,9 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `bg-checkpoint:S`: SQLite's WAL checkpoints taken off the commits (every
   connection of the process at `wal_autocheckpoint=0`) and run by a thread of
   their own every S seconds (`PRAGMA wal_checkpoint(PASSIVE)`).
+- `tick-steps`: the committer's SQLite tick as it was before finding 24: three
+  statements in a transaction (`journal.store._take_and_insert`), not the one
+  statement of `_take_and_insert_following` (the runs' last seqs not passed).
 - `tick-probe`: records each tick of the committer (its whole time, its
   `append_many` call, its publish, its events) into
   `var/bench/tick-probe-<pid>.json`, rewritten every 20 ticks.
@@ -89,7 +92,7 @@ def pass_through() -> None:
     stored_append_many = chat.writer.append_many
     seqs: dict[str, int] = {}  # run id -> its last seq, counted here
 
-    def append_many(batches):
+    def append_many(batches, **_known):
         # A run's first batch (its `start`) is stored: readers attached before
         # it fill their gap from the journal.
         first = [b for b in batches if b[0] not in seqs]
@@ -153,6 +156,15 @@ def apply() -> set[str]:
             chat.snapshot,
         ):
             vars(module)["read_after"] = bounded_read_after
+    if "tick-steps" in names:
+        import chat.writer
+
+        one_statement = chat.writer.append_many
+
+        def three_statements(batches, **_known):
+            return one_statement(batches)
+
+        chat.writer.append_many = three_statements
     if "pass-through" in names:
         pass_through()
     if "committer-thread" in names:
@@ -205,10 +217,10 @@ def _tick_probe() -> None:
     commit, append_many = chat.writer._Committer._commit, chat.writer.append_many
     publish_many = chat.writer.publish_many
 
-    def timed_append(batches):
+    def timed_append(batches, **kwargs):
         began = time.perf_counter()
         try:
-            return append_many(batches)
+            return append_many(batches, **kwargs)
         finally:
             stats["append"].append(time.perf_counter() - began)
             stats["events"].append(sum(len(events) for _r, _t, events in batches))
@@ -303,7 +315,7 @@ def _async_commit() -> None:
             conn[0] = await psycopg.AsyncConnection.connect(**params, autocommit=True)
         return conn[0]
 
-    async def first(fn, batches):
+    async def first(fn, batches, **_known):  # PostgreSQL: one statement anyway
         assert fn is chat.writer.append_many
         valid = [
             (run_id, token, [(t, store.encode(p)) for t, p in events])

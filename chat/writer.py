@@ -289,7 +289,9 @@ class _Committer:
                 self._recovered()
                 return
             batches = [(w.run_id, w.token, w.take()) for w in writers]
-            results = await dbpool.writers.first(append_many, batches)
+            results = await dbpool.writers.first(
+                append_many, batches, last_seqs={w.run_id: w.last_seq for w in writers}
+            )
         except Exception as exc:
             if dbpool.is_connection_error(exc):
                 self._retry(writers, exc)

@@ -9,11 +9,12 @@ the channel layer happens after commit (`journal.publish`), never here.
 """
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import NamedTuple
 
-from django.db import connection, transaction
+from django.db import IntegrityError, connection, transaction
 from django.db.models import Field
 from django.utils import timezone
 
@@ -266,6 +267,8 @@ def run_summary(*, run: Run, worker_alive: bool | None = None) -> dict:
 
 def append_many(
     batches: list[tuple[str, int, list[tuple[str, dict]]]],
+    *,
+    last_seqs: Mapping[str, int] | None = None,
 ) -> list[list[Record] | AppendRejected | InvalidEvent]:
     """Several runs' appends in one transaction: one commit for all.
 
@@ -277,10 +280,13 @@ def append_many(
     runs end through `append`.
 
     On PostgreSQL the whole tick is one statement (`_take_and_insert_postgresql`),
-    committed by itself; on SQLite three of one step each, in a transaction
-    (`_take_and_insert`). A statement, or a row, per run would be cheap for
-    the database but not for the writer thread, which must win the GIL back
-    from a busy event loop after each one (docs/benchmarks.md).
+    committed by itself. On SQLite too when `last_seqs` gives every run's last
+    seq as the caller knows it committed (`_take_and_insert_following`);
+    otherwise, or when a run's fence or last seq differs, three statements of
+    one step each, in a transaction (`_take_and_insert`). A statement, or a
+    row, per run would be cheap for the database but not for the writer
+    thread, which must win the GIL back from a busy event loop after each one
+    (docs/benchmarks.md).
     """
     results: list[list[Record] | AppendRejected | InvalidEvent] = []
     valid: list[tuple[str, int, list[tuple[str, str]]]] = []
@@ -301,7 +307,7 @@ def append_many(
         raise ValueError("append_many takes each run at most once")
     if not valid:
         return results
-    taken = _take_and_insert_any(valid, timezone.now())
+    taken = _take_and_insert_any(valid, timezone.now(), last_seqs)
     encoded = {run_id: events for run_id, _token, events in valid}
     appended = 0
     for i, (run_id, token, _events) in enumerate(batches):
@@ -319,12 +325,18 @@ def append_many(
 
 
 def _take_and_insert_any(
-    valid: list[tuple[str, int, list[tuple[str, str]]]], now: datetime
+    valid: list[tuple[str, int, list[tuple[str, str]]]],
+    now: datetime,
+    last_seqs: Mapping[str, int] | None,
 ) -> dict[str, int]:
     if connection.vendor == "postgresql":
         # One statement is a transaction of its own: no BEGIN and COMMIT
         # round trips around it, each a wait for the GIL in the writer thread.
         return _take_and_insert_postgresql(valid, now)
+    if last_seqs is not None and all(run_id in last_seqs for run_id, _t, _e in valid):
+        taken = _take_and_insert_following(valid, now, last_seqs)
+        if taken is not None:
+            return taken
     with transaction.atomic():
         return _take_and_insert(valid, now)
 
@@ -385,6 +397,101 @@ def _take_and_insert(
                 ],
             )
     return taken
+
+
+def _take_and_insert_following(
+    valid: list[tuple[str, int, list[tuple[str, str]]]],
+    now: datetime,
+    last_seqs: Mapping[str, int],
+) -> dict[str, int] | None:
+    """SQLite: the tick as one statement, when the caller knows where each run
+    stands; `{run_id: its new last seq}`, or None when any run's fence or last
+    seq differs from what it was given (then nothing was written).
+
+    One insert into `journal_tick`, a view of this connection whose trigger
+    (`SQLITE_TICK`) takes the seqs and inserts the rows: outside a transaction
+    it commits by itself, in one step of SQLite's module. Three statements in
+    a transaction are five steps, and after each the writer thread must win
+    the GIL back from a busy event loop (docs/benchmarks.md, finding 24).
+    """
+    runs: list[tuple[str, int, int, int]] = []
+    rows: list[tuple[str, int, str, str]] = []
+    taken: dict[str, int] = {}
+    for run_id, token, events in valid:
+        last = last_seqs[run_id]
+        runs.append((run_id, token, last, len(events)))
+        rows.extend(
+            (run_id, last + j, t, payload) for j, (t, payload) in enumerate(events, 1)
+        )
+        taken[run_id] = last + len(events)
+    _sqlite_tick_installed()
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "INSERT INTO journal_tick (runs, events, created_at)"
+                " VALUES (%s, %s, %s)",
+                [
+                    json.dumps(runs),
+                    json.dumps(rows, ensure_ascii=False),
+                    connection.ops.adapt_datetimefield_value(now),
+                ],
+            )
+    except IntegrityError:
+        # A fence or a seq moved, or a row cannot be stored: the statement
+        # wrote nothing, and the general path finds out which.
+        return None
+    return taken
+
+
+_ACTIVE_SQL = ", ".join(f"'{status}'" for status in Run.ACTIVE)
+
+# `_take_and_insert_following`'s statement, installed on each SQLite connection
+# that ticks (`_sqlite_tick_installed`). `runs` is a JSON array of [run id,
+# token, last seq, count], `events` of [run id, seq, type, payload]. The update
+# finds each run by its key alone (the `+` keeps the planner off the other
+# columns' indexes), and the tick aborts unless every run's fence and last seq
+# held.
+SQLITE_TICK = [
+    "CREATE TEMP VIEW IF NOT EXISTS journal_tick (runs, events, created_at)"
+    " AS SELECT NULL, NULL, NULL WHERE 0",
+    f"""CREATE TEMP TRIGGER IF NOT EXISTS journal_tick_insert
+INSTEAD OF INSERT ON journal_tick
+BEGIN
+    UPDATE journal_run SET last_seq = last_seq + batch.n
+    FROM (
+        SELECT json_extract(value, '$[0]') AS id,
+               json_extract(value, '$[1]') AS token,
+               json_extract(value, '$[2]') AS last,
+               json_extract(value, '$[3]') AS n
+        FROM json_each(NEW.runs)
+    ) AS batch
+    WHERE journal_run.id = batch.id
+      AND +journal_run.fencing_token = batch.token
+      AND +journal_run.last_seq = batch.last
+      AND +journal_run.status IN ({_ACTIVE_SQL});
+    SELECT RAISE(ABORT, 'journal tick: a fence or a seq moved')
+    WHERE changes() != json_array_length(NEW.runs);
+    INSERT INTO journal_event (run_id, seq, type, payload, created_at)
+    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
+           json_extract(value, '$[2]'), json_extract(value, '$[3]'), NEW.created_at
+    FROM json_each(NEW.events);
+END""",
+]
+
+
+def _sqlite_tick_installed() -> None:
+    """Give this thread's SQLite connection `journal_tick`, once: temporary
+    objects live as long as their connection, and a trigger is checked
+    against the tables when it is made (so not when a connection opens: the
+    first ever may come before the tables)."""
+    connection.ensure_connection()
+    raw = connection.connection
+    if getattr(connection, "journal_tick_on", None) is raw:
+        return
+    with connection.cursor() as cursor:
+        for statement in SQLITE_TICK:
+            cursor.execute(statement)
+    connection.journal_tick_on = raw  # type: ignore[attr-defined]
 
 
 # One round trip for a whole tick: the runs' fenced seq ranges (`taken`) and

@@ -54,6 +54,35 @@ def test_no_text_event_exceeds_64_kib_and_the_text_is_whole(alice):
     assert writer.rows_written == len(rows) == Run.objects.get(id=run.id).last_seq
 
 
+def test_each_tick_gives_the_store_every_runs_last_committed_seq(alice, monkeypatch):
+    """The committer passes each run's last seq as its writer knows it, so the
+    store can write the tick as one statement (`journal.store.append_many`)."""
+    runs = [running_run(alice[0]) for _ in range(2)]
+    given: list[dict] = []
+    store_append_many = writer_module.append_many
+
+    def spy(batches, **kwargs):
+        given.append(dict(kwargs["last_seqs"]))
+        return store_append_many(batches, **kwargs)
+
+    monkeypatch.setattr(writer_module, "append_many", spy)
+
+    async def write():
+        one = BatchWriter(run_id=runs[0].id, token=1)
+        two = BatchWriter(run_id=runs[1].id, token=1, last_seq=0)
+        one.add("start", {})
+        one.add("token", {"text": "a"})
+        await one.flush()
+        one.add("token", {"text": "b"})
+        two.add("token", {"text": "c"})
+        await asyncio.gather(one.flush(), two.flush())
+
+    asyncio.run(write())
+    assert given == [{runs[0].id: 0}, {runs[0].id: 2, runs[1].id: 0}]
+    assert [seq for seq, _ in _rows(runs[0])] == [1, 2, 3]
+    assert _rows(runs[1]) == [(1, '{"text":"c"}')]
+
+
 def test_what_is_added_after_a_pause_is_committed_without_waiting_a_tick(
     alice, monkeypatch
 ):

@@ -206,6 +206,72 @@ def test_append_many_is_all_or_nothing_and_committed_when_it_returns(alice):
         assert seen == (3,)
 
 
+def _statements(captured) -> list[list[str]]:
+    """Each statement's first words, past installing `journal_tick` (once a
+    connection)."""
+    words = [q["sql"].split(None, 3)[:3] for q in captured]
+    return [w for w in words if w[:2] != ["CREATE", "TEMP"]]
+
+
+def test_append_many_given_the_runs_last_seqs_is_one_statement(alice):
+    """With each run's last seq known, a tick is one statement on SQLite too
+    (`_take_and_insert_following`), committed by itself, and each run numbers
+    on from where it stood."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    runs = [running_run(alice[0]) for _ in range(3)]
+    append(run_id=runs[0].id, token=1, events=_tokens(2))
+    known = {runs[0].id: 2, runs[1].id: 0, runs[2].id: 0}
+    append_many([(run.id, 1, _tokens(1, start=5)) for run in runs], last_seqs=known)
+    assert not connection.in_atomic_block
+    with CaptureQueriesContext(connection) as captured:
+        results = append_many(
+            [(run.id, 1, _tokens(i + 1, start=10)) for i, run in enumerate(runs)],
+            last_seqs={runs[0].id: 3, runs[1].id: 1, runs[2].id: 1},
+        )
+    assert [[r.seq for r in rs] for rs in results] == [[4], [2, 3], [2, 3, 4]]
+    for run, records in zip(runs, results, strict=True):
+        stored = read_after(run_id=run.id, after_seq=records[0].seq - 1)
+        assert stored == records
+        assert Run.objects.get(id=run.id).last_seq == records[-1].seq
+    assert read_after(run_id=runs[0].id, after_seq=0)[2].payload == '{"text":"t5"}'
+    if connection.vendor == "sqlite":
+        assert _statements(captured) == [["INSERT", "INTO", "journal_tick"]]
+
+
+def test_append_many_given_a_wrong_last_seq_or_a_stale_token_falls_back(alice):
+    """The one statement writes nothing when any run's fence or last seq
+    differs from what it was given; the general path then stores each run
+    where it really stands and rejects the stale one."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    ahead, stale, fine = (running_run(alice[0]) for _ in range(3))
+    append(run_id=ahead.id, token=1, events=_tokens(2))
+    Run.objects.filter(id=stale.id).update(fencing_token=2)
+    with CaptureQueriesContext(connection) as captured:
+        results = append_many(
+            [
+                (ahead.id, 1, _tokens(1, start=2)),
+                (stale.id, 1, _tokens(1)),
+                (fine.id, 1, _tokens(2)),
+            ],
+            last_seqs={ahead.id: 0, stale.id: 0, fine.id: 0},
+        )
+    assert [r.seq for r in results[0]] == [3]
+    assert isinstance(results[1], AppendRejected)
+    assert [r.seq for r in results[2]] == [1, 2]
+    assert [r.seq for r in read_after(run_id=ahead.id, after_seq=0)] == [1, 2, 3]
+    assert not Event.objects.filter(run=stale).exists()
+    assert Run.objects.get(id=stale.id).last_seq == 0
+    assert Run.objects.get(id=fine.id).last_seq == 2
+    if connection.vendor == "sqlite":
+        tried, *rest = _statements(captured)
+        assert tried == ["INSERT", "INTO", "journal_tick"]
+        assert ["UPDATE", "journal_run", "SET"] in rest
+
+
 def test_the_event_table_has_no_second_index_on_the_run(db):
     """`event_unique_run_seq` serves lookups by run (journal/0007)."""
     from django.db import connection
