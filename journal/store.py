@@ -333,7 +333,11 @@ def _take_and_insert_any(
         # One statement is a transaction of its own: no BEGIN and COMMIT
         # round trips around it, each a wait for the GIL in the writer thread.
         return _take_and_insert_postgresql(valid, now)
-    if last_seqs is not None and all(run_id in last_seqs for run_id, _t, _e in valid):
+    if (
+        last_seqs is not None
+        and not connection.in_atomic_block
+        and all(run_id in last_seqs for run_id, _t, _e in valid)
+    ):
         taken = _take_and_insert_following(valid, now, last_seqs)
         if taken is not None:
             return taken
@@ -410,7 +414,8 @@ def _take_and_insert_following(
 
     One insert into `journal_tick`, a view of this connection whose trigger
     (`SQLITE_TICK`) takes the seqs and inserts the rows: outside a transaction
-    it commits by itself, in one step of SQLite's module. Three statements in
+    (the only place it is used) it commits by itself, in one step of SQLite's
+    module. Three statements in
     a transaction are five steps, and after each the writer thread must win
     the GIL back from a busy event loop (docs/benchmarks.md, finding 24).
     """
@@ -483,7 +488,8 @@ def _sqlite_tick_installed() -> None:
     """Give this thread's SQLite connection `journal_tick`, once: temporary
     objects live as long as their connection, and a trigger is checked
     against the tables when it is made (so not when a connection opens: the
-    first ever may come before the tables)."""
+    first ever may come before the tables). Never inside a transaction: a
+    rollback would take them away unseen."""
     connection.ensure_connection()
     raw = connection.connection
     if getattr(connection, "journal_tick_on", None) is raw:

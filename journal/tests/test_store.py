@@ -272,6 +272,34 @@ def test_append_many_given_a_wrong_last_seq_or_a_stale_token_falls_back(alice):
         assert ["UPDATE", "journal_run", "SET"] in rest
 
 
+def test_a_tick_inside_a_transaction_takes_the_three_statements(alice):
+    """Inside a transaction the tick is the general path's, and a rollback
+    there leaves the one statement working after it (its view and trigger
+    are made outside transactions only)."""
+    from django.db import connection, transaction
+    from django.test.utils import CaptureQueriesContext
+
+    run = running_run(alice[0])
+    connection.close()  # a connection that has made no view yet
+
+    class Undone(Exception):
+        pass
+
+    with CaptureQueriesContext(connection) as inside, pytest.raises(Undone):
+        with transaction.atomic():
+            [records] = append_many([(run.id, 1, _tokens(2))], last_seqs={run.id: 0})
+            assert [r.seq for r in records] == [1, 2]
+            raise Undone
+    assert ["INSERT", "INTO", "journal_tick"] not in _statements(inside)
+    assert Run.objects.get(id=run.id).last_seq == 0
+    with CaptureQueriesContext(connection) as outside:
+        [records] = append_many([(run.id, 1, _tokens(1))], last_seqs={run.id: 0})
+    assert [r.seq for r in records] == [1]
+    assert [r.seq for r in read_after(run_id=run.id, after_seq=0)] == [1]
+    if connection.vendor == "sqlite":
+        assert _statements(outside) == [["INSERT", "INTO", "journal_tick"]]
+
+
 def test_the_event_table_has_no_second_index_on_the_run(db):
     """`event_unique_run_seq` serves lookups by run (journal/0007)."""
     from django.db import connection
