@@ -415,9 +415,9 @@ def _take_and_insert_following(
     One insert into `journal_tick`, a view of this connection whose trigger
     (`SQLITE_TICK`) takes the seqs and inserts the rows: outside a transaction
     (the only place it is used) it commits by itself, in one step of SQLite's
-    module. Three statements in
-    a transaction are five steps, and after each the writer thread must win
-    the GIL back from a busy event loop (docs/benchmarks.md, finding 24).
+    module. Three statements in a transaction are five steps, and after each
+    the writer thread must win the GIL back from a busy event loop
+    (docs/benchmarks.md, finding 24).
     """
     runs: list[tuple[str, int, int, int]] = []
     rows: list[tuple[str, int, str, str]] = []

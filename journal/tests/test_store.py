@@ -1,6 +1,8 @@
 import json
 
 import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 
 from hermes_testing.harness import running_run
 from journal.events import InvalidEvent
@@ -125,9 +127,11 @@ def test_append_many_commits_several_runs_and_fences_each(alice):
     assert Run.objects.get(id=second.id).last_seq == 1
 
 
-def test_append_many_stores_any_text_exactly_and_numbers_each_run_on(alice):
+@pytest.mark.parametrize("known", [False, True], ids=["statements", "one-statement"])
+def test_append_many_stores_any_text_exactly_and_numbers_each_run_on(alice, known):
     """What an array literal or a query's text would have to escape comes
-    back as it went in; each of many runs numbers on from where it stood."""
+    back as it went in; each of many runs numbers on from where it stood,
+    with the runs' last seqs given (one statement on SQLite) or not."""
     awkward = [
         'quote " and \\ backslash',
         "{braces, commas}",
@@ -142,12 +146,17 @@ def test_append_many_stores_any_text_exactly_and_numbers_each_run_on(alice):
     ]
     runs = [running_run(alice[0]) for _ in range(30)]
     append(run_id=runs[0].id, token=1, events=_tokens(2))
-    results = append_many(
-        [
-            (run.id, 1, [("token", {"text": f"{i}:{text}"}) for text in awkward])
-            for i, run in enumerate(runs)
-        ]
-    )
+    last_seqs = {run.id: 2 if i == 0 else 0 for i, run in enumerate(runs)}
+    with CaptureQueriesContext(connection) as captured:
+        results = append_many(
+            [
+                (run.id, 1, [("token", {"text": f"{i}:{text}"}) for text in awkward])
+                for i, run in enumerate(runs)
+            ],
+            last_seqs=last_seqs if known else None,
+        )
+    if known and connection.vendor == "sqlite":
+        assert _statements(captured) == [["INSERT", "INTO", "journal_tick"]]
     assert [r.seq for r in results[0]] == list(range(3, 3 + len(awkward)))
     assert all(
         [r.seq for r in rs] == list(range(1, len(awkward) + 1)) for rs in results[1:]
@@ -217,9 +226,6 @@ def test_append_many_given_the_runs_last_seqs_is_one_statement(alice):
     """With each run's last seq known, a tick is one statement on SQLite too
     (`_take_and_insert_following`), committed by itself, and each run numbers
     on from where it stood."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     runs = [running_run(alice[0]) for _ in range(3)]
     append(run_id=runs[0].id, token=1, events=_tokens(2))
     known = {runs[0].id: 2, runs[1].id: 0, runs[2].id: 0}
@@ -244,9 +250,6 @@ def test_append_many_given_a_wrong_last_seq_or_a_stale_token_falls_back(alice):
     """The one statement writes nothing when any run's fence or last seq
     differs from what it was given; the general path then stores each run
     where it really stands and rejects the stale one."""
-    from django.db import connection
-    from django.test.utils import CaptureQueriesContext
-
     ahead, stale, fine = (running_run(alice[0]) for _ in range(3))
     append(run_id=ahead.id, token=1, events=_tokens(2))
     Run.objects.filter(id=stale.id).update(fencing_token=2)
@@ -276,8 +279,7 @@ def test_a_tick_inside_a_transaction_takes_the_three_statements(alice):
     """Inside a transaction the tick is the general path's, and a rollback
     there leaves the one statement working after it (its view and trigger
     are made outside transactions only)."""
-    from django.db import connection, transaction
-    from django.test.utils import CaptureQueriesContext
+    from django.db import transaction
 
     run = running_run(alice[0])
     connection.close()  # a connection that has made no view yet
