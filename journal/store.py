@@ -381,26 +381,40 @@ def _take_and_insert(
             [*Run.ACTIVE, *fences],
         )
         taken = dict(json.loads(cursor.fetchone()[0]))
-        rows: list[tuple[str, int, str, str]] = []
-        for run_id, _token, events in valid:
-            if run_id in taken:
-                first = taken[run_id] - len(events) + 1
-                rows.extend(
-                    (run_id, first + j, t, payload)
-                    for j, (t, payload) in enumerate(events)
-                )
-        if rows:
+        if rows := _numbered(valid, taken):
             cursor.execute(
-                "INSERT INTO journal_event (run_id, seq, type, payload, created_at)"
-                " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
-                " json_extract(value, '$[2]'), json_extract(value, '$[3]'), %s"
-                " FROM json_each(%s)",
+                _INSERT_ROWS_SQLITE.format(created_at="%s", rows="%s"),
                 [
                     connection.ops.adapt_datetimefield_value(now),
                     json.dumps(rows, ensure_ascii=False),
                 ],
             )
     return taken
+
+
+def _numbered(
+    valid: list[tuple[str, int, list[tuple[str, str]]]], taken: Mapping[str, int]
+) -> list[tuple[str, int, str, str]]:
+    """The rows `(run id, seq, type, payload)` of the runs in `taken`, each
+    run's numbered back from its new last seq."""
+    rows: list[tuple[str, int, str, str]] = []
+    for run_id, _token, events in valid:
+        if run_id in taken:
+            first = taken[run_id] - len(events) + 1
+            rows.extend(
+                (run_id, first + j, t, payload) for j, (t, payload) in enumerate(events)
+            )
+    return rows
+
+
+# SQLite: insert the rows of a JSON array of [run id, seq, type, payload], all
+# created at `created_at` (both are filled in: parameters, or a trigger's NEW).
+_INSERT_ROWS_SQLITE = (
+    "INSERT INTO journal_event (run_id, seq, type, payload, created_at)"
+    " SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),"
+    " json_extract(value, '$[2]'), json_extract(value, '$[3]'), {created_at}"
+    " FROM json_each({rows})"
+)
 
 
 def _take_and_insert_following(
@@ -419,16 +433,12 @@ def _take_and_insert_following(
     the writer thread must win the GIL back from a busy event loop
     (docs/benchmarks.md, finding 24).
     """
-    runs: list[tuple[str, int, int, int]] = []
-    rows: list[tuple[str, int, str, str]] = []
-    taken: dict[str, int] = {}
-    for run_id, token, events in valid:
-        last = last_seqs[run_id]
-        runs.append((run_id, token, last, len(events)))
-        rows.extend(
-            (run_id, last + j, t, payload) for j, (t, payload) in enumerate(events, 1)
-        )
-        taken[run_id] = last + len(events)
+    runs = [
+        (run_id, token, last_seqs[run_id], len(events))
+        for run_id, token, events in valid
+    ]
+    taken = {run_id: last + n for run_id, _token, last, n in runs}
+    rows = _numbered(valid, taken)
     _sqlite_tick_installed()
     try:
         with connection.cursor() as cursor:
@@ -476,10 +486,7 @@ BEGIN
       AND +journal_run.status IN ({_ACTIVE_SQL});
     SELECT RAISE(ABORT, 'journal tick: a fence or a seq moved')
     WHERE changes() != json_array_length(NEW.runs);
-    INSERT INTO journal_event (run_id, seq, type, payload, created_at)
-    SELECT json_extract(value, '$[0]'), json_extract(value, '$[1]'),
-           json_extract(value, '$[2]'), json_extract(value, '$[3]'), NEW.created_at
-    FROM json_each(NEW.events);
+    {_INSERT_ROWS_SQLITE.format(created_at="NEW.created_at", rows="NEW.events")};
 END""",
 ]
 
