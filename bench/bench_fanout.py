@@ -3,8 +3,9 @@
 Two ways to drive the run:
 
 - `writer`: 2,000 `token` events appended in batches of 10, each batch
-  published after its commit (`common.write_batches`, the two steps of
-  `append_and_publish` with a commit timestamp between them), then `end`.
+  published after its commit (`common.write_batches`: each batch a tick of a
+  worker's committer for this one run, with a commit timestamp before its
+  publish), then `end`.
   Embedded: the in-memory channel layer lives only inside the server process,
   so the writer runs there (`bench/writer_asgi.py` adds one bench-only route to
   the real application). Scale-out: the writer is a process of its own

@@ -712,21 +712,33 @@ async def send_json(send, payload: dict) -> None:
 async def write_batches(run_id: str, n: int, batch: int, *, end: bool = False) -> list:
     """Append `n` token events in batches, each published after its commit.
 
-    The two steps of `journal.publish.append_and_publish` (the writer pool's
-    `append`, then `publish`), with the CLOCK_MONOTONIC time taken between
-    them: the moment the batch is committed. Returns [[last seq, commit ns], …].
+    A worker's path: each batch is one tick of its committer for this run
+    (`journal.store.append_many` with the run's last seq known), the `end`
+    goes through `journal.store.append` as a runner's does; each is published
+    after it returns, with the CLOCK_MONOTONIC time taken between the two: the
+    moment the batch is committed. Returns [[last seq, commit ns], …].
     """
     from journal import dbpool
+    from journal.models import Run
     from journal.publish import publish
-    from journal.store import append
+    from journal.store import Record, append, append_many
 
     events = [("token", {"text": "tok-" * 5})] * batch
+    last = await dbpool.writers.run(
+        lambda: Run.objects.values_list("last_seq", flat=True).get(pk=run_id)
+    )
     commits = []
+
+    def tick(events: list) -> list[Record]:
+        (records,) = append_many([(run_id, 1, events)], last_seqs={run_id: last})
+        if not isinstance(records, list):
+            raise records
+        return records
+
     for done in range(0, n, batch):
-        records = await dbpool.writers.run(
-            append, run_id=run_id, token=1, events=events[: min(batch, n - done)]
-        )
-        commits.append([records[-1].seq, time.monotonic_ns()])
+        records = await dbpool.writers.run(tick, events[: min(batch, n - done)])
+        last = records[-1].seq
+        commits.append([last, time.monotonic_ns()])
         await publish(run_id, records)
     if end:
         records = await dbpool.writers.run(

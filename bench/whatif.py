@@ -40,6 +40,13 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `uvloop`: the event loop is uvloop's (its policy set before daphne installs
   its asyncio reactor). Only where `whatif.py` stands in for `manage.py`;
   uvloop is not among the requirements (`pip install uvloop` first).
+- `no-event-fk`: journal_event's foreign key to journal_run dropped from the
+  database (PostgreSQL; by the `worker` process as it starts): no check of
+  each inserted row against its run at commit.
+- `sync-off`: PostgreSQL commits without waiting for their WAL to reach the
+  disk (`synchronous_commit = off` on every connection of the process): what
+  the flush costs a tick. Not a setting the product could take: a database
+  crash would lose commits readers have already seen.
 - `pass-through`: the build durability is measured against. The committer's
   appends (`append_many`) write nothing after a run's first batch (its
   `start`, stored): each run's seqs are counted in memory from there and the
@@ -177,6 +184,8 @@ def apply() -> set[str]:
         _tick_probe()
     if "async-commit" in names and "pass-through" not in names:
         _async_commit()
+    if "sync-off" in names:
+        _sync_off()
     for name in names:
         if name.startswith("interval:"):
             import chat.writer
@@ -337,6 +346,30 @@ def _async_commit() -> None:
     _committer_writes_to(types.SimpleNamespace(first=first, run=dbpool.writers.run))
 
 
+def _sync_off() -> None:
+    from django.db.backends.signals import connection_created
+
+    def off(sender, connection, **kwargs):
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cursor:
+                cursor.execute("SET synchronous_commit TO off")
+
+    connection_created.connect(off, weak=False)
+
+
+def _drop_event_fk() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname FROM pg_constraint"
+            " WHERE conrelid = 'journal_event'::regclass AND contype = 'f'"
+        )
+        for (name,) in cursor.fetchall():
+            cursor.execute(f'ALTER TABLE journal_event DROP CONSTRAINT "{name}"')
+    connection.close()
+
+
 def main() -> None:
     import django
 
@@ -349,6 +382,8 @@ def main() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
     django.setup()
+    if "no-event-fk" in wanted() and sys.argv[1:2] == ["worker"]:
+        _drop_event_fk()
     apply()
     from django.core.management import execute_from_command_line
 
