@@ -302,6 +302,48 @@ def test_a_tick_inside_a_transaction_takes_the_three_statements(alice):
         assert _statements(outside) == [["INSERT", "INTO", "journal_tick"]]
 
 
+def _prepared_statements() -> list[str]:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT statement FROM pg_prepared_statements")
+        return [statement for (statement,) in cursor.fetchall()]
+
+
+def test_the_postgresql_tick_is_prepared_once_a_connection(alice):
+    """On PostgreSQL the tick's statement is prepared on the server and
+    reused; nothing else the connection runs is prepared, and a rollback
+    (which drops what psycopg prepared) or a new connection leaves ticks
+    working. On SQLite the same ticks go through its own path."""
+    from django.db import transaction
+
+    run = running_run(alice[0])
+    seq = 0
+    for _ in range(3):
+        [records] = append_many([(run.id, 1, _tokens(1))], last_seqs={run.id: seq})
+        seq = records[-1].seq
+        assert Run.objects.get(id=run.id).last_seq == seq
+    if connection.vendor == "postgresql":
+        prepared = _prepared_statements()
+        assert len(prepared) == 1
+        assert "INSERT INTO journal_event" in prepared[0]
+
+    class Undone(Exception):
+        pass
+
+    with pytest.raises(Undone), transaction.atomic():
+        append_many([(run.id, 1, _tokens(2))], last_seqs={run.id: seq})
+        raise Undone
+    [records] = append_many([(run.id, 1, _tokens(1))], last_seqs={run.id: seq})
+    assert [r.seq for r in records] == [seq + 1]
+    connection.close()
+    [records] = append_many([(run.id, 1, _tokens(1))], last_seqs={run.id: seq + 1})
+    assert [r.seq for r in records] == [seq + 2]
+    assert [r.seq for r in read_after(run_id=run.id, after_seq=0)] == list(
+        range(1, seq + 3)
+    )
+    if connection.vendor == "postgresql":
+        assert len(_prepared_statements()) == 1
+
+
 def test_the_event_table_has_no_second_index_on_the_run(db):
     """`event_unique_run_seq` serves lookups by run (journal/0007)."""
     from django.db import connection
