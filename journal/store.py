@@ -541,7 +541,7 @@ def _take_and_insert_postgresql(
     (docs/benchmarks.md). A server-binding cursor sends the arrays as they are.
 
     The statement is prepared on the server, once per connection: parsing and
-    planning it each tick took half of what the server spent on the tick
+    planning it each tick took a third of what the server spent on the tick
     (docs/benchmarks.md, finding 26). Django opens its connections with
     preparation off (`prepare_threshold` None); a threshold no count reaches
     turns it on for statements that ask for it, and for no other.
