@@ -1,7 +1,7 @@
 import json
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from hermes_testing.harness import running_run
@@ -275,23 +275,28 @@ def test_append_many_given_a_wrong_last_seq_or_a_stale_token_falls_back(alice):
         assert ["UPDATE", "journal_run", "SET"] in rest
 
 
+class _Undone(Exception):
+    pass
+
+
+def _tick_rolled_back(run, *, last_seq: int, n: int):
+    """A tick of `n` events inside a transaction that is then rolled back;
+    the records the tick returned."""
+    with pytest.raises(_Undone), transaction.atomic():
+        [records] = append_many([(run.id, 1, _tokens(n))], last_seqs={run.id: last_seq})
+        raise _Undone
+    return records
+
+
 def test_a_tick_inside_a_transaction_takes_the_three_statements(alice):
     """Inside a transaction the tick is the general path's, and a rollback
     there leaves the one statement working after it (its view and trigger
     are made outside transactions only)."""
-    from django.db import transaction
-
     run = running_run(alice[0])
     connection.close()  # a connection that has made no view yet
-
-    class Undone(Exception):
-        pass
-
-    with CaptureQueriesContext(connection) as inside, pytest.raises(Undone):
-        with transaction.atomic():
-            [records] = append_many([(run.id, 1, _tokens(2))], last_seqs={run.id: 0})
-            assert [r.seq for r in records] == [1, 2]
-            raise Undone
+    with CaptureQueriesContext(connection) as inside:
+        records = _tick_rolled_back(run, last_seq=0, n=2)
+    assert [r.seq for r in records] == [1, 2]
     assert ["INSERT", "INTO", "journal_tick"] not in _statements(inside)
     assert Run.objects.get(id=run.id).last_seq == 0
     with CaptureQueriesContext(connection) as outside:
@@ -313,8 +318,6 @@ def test_the_postgresql_tick_is_prepared_once_a_connection(alice):
     reused; nothing else the connection runs is prepared, and a rollback
     (which drops what psycopg prepared) or a new connection leaves ticks
     working. On SQLite the same ticks go through its own path."""
-    from django.db import transaction
-
     run = running_run(alice[0])
     seq = 0
     for _ in range(3):
@@ -326,12 +329,7 @@ def test_the_postgresql_tick_is_prepared_once_a_connection(alice):
         assert len(prepared) == 1
         assert "INSERT INTO journal_event" in prepared[0]
 
-    class Undone(Exception):
-        pass
-
-    with pytest.raises(Undone), transaction.atomic():
-        append_many([(run.id, 1, _tokens(2))], last_seqs={run.id: seq})
-        raise Undone
+    _tick_rolled_back(run, last_seq=seq, n=2)
     [records] = append_many([(run.id, 1, _tokens(1))], last_seqs={run.id: seq})
     assert [r.seq for r in records] == [seq + 1]
     connection.close()
