@@ -64,6 +64,7 @@ Used two ways: `python bench/whatif.py <manage.py arguments>` (a stand-in for
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
@@ -215,7 +216,8 @@ def _tick_probe() -> None:
 
     # Seconds, one entry per tick: the whole tick (as hermes_journal_tick_seconds),
     # its append_many call on the writer thread, its publish; events per tick.
-    stats: dict[str, list[float]] = {
+    stats: dict[str, Any] = {
+        "whatif": sorted(wanted()),
         "tick": [],
         "append": [],
         "publish": [],
@@ -234,10 +236,10 @@ def _tick_probe() -> None:
             stats["append"].append(time.perf_counter() - began)
             stats["events"].append(sum(len(events) for _r, _t, events in batches))
 
-    async def timed_publish(batches):
+    async def timed_publish(batches, **kwargs):
         began = time.perf_counter()
         try:
-            return await publish_many(batches)
+            return await publish_many(batches, **kwargs)
         finally:
             stats["publish"].append(time.perf_counter() - began)
 
