@@ -5,6 +5,8 @@ Only `journal.store` writes `Event` rows and the journal fields of `Run`.
 
 from django.conf import settings
 from django.db import models
+from django.db.models.signals import pre_delete
+from django.dispatch import receiver
 from ulid import ULID
 
 
@@ -71,9 +73,18 @@ class Event(models.Model):
     id = models.BigAutoField(primary_key=True)
     # No index of its own: `event_unique_run_seq` leads with the run and
     # serves every lookup by run; a second index on it only doubled what each
-    # append writes (docs/benchmarks.md).
+    # append writes (docs/benchmarks.md). No constraint in the database
+    # either: its check of every inserted row against its run was a quarter
+    # of PostgreSQL's work on a tick (docs/benchmarks.md, finding 27). Rows
+    # are inserted only under their run's fenced UPDATE of its row
+    # (`journal.store`), and a run's row is locked before anything of it is
+    # deleted (`_lock_run_before_delete`): no event outlives its run.
     run = models.ForeignKey(
-        Run, on_delete=models.CASCADE, related_name="events", db_index=False
+        Run,
+        on_delete=models.CASCADE,
+        related_name="events",
+        db_index=False,
+        db_constraint=False,
     )
     seq = models.PositiveIntegerField()
     type = models.CharField(max_length=24)
@@ -97,6 +108,27 @@ class Event(models.Model):
 
     def __str__(self) -> str:
         return f"{self.run_id}:{self.seq}"
+
+
+@receiver(pre_delete, sender=Run, dispatch_uid="journal-run-locked-before-delete")
+def _lock_run_before_delete(sender, instance: Run, using: str, **kwargs) -> None:
+    """Lock a run's row for the rest of the deleting transaction, before its
+    events are deleted (Django sends `pre_delete` inside that transaction,
+    before it deletes anything).
+
+    With no constraint between events and runs in the database, a tick that
+    took the run's seqs between the deletion of its events and that of its
+    row would leave events behind. A tick takes its seqs with an UPDATE of
+    the row, so it now waits for the deletion, then finds no run and writes
+    nothing (`AppendRejected`). SQLite's transactions here begin IMMEDIATE:
+    a deletion holds the only write lock from its start anyway.
+    """
+    list(
+        Run.objects.using(using)
+        .select_for_update()
+        .filter(pk=instance.pk)
+        .values_list("pk", flat=True)
+    )
 
 
 class WorkerHeartbeat(models.Model):

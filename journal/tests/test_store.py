@@ -374,3 +374,76 @@ def test_a_rejected_end_leaves_the_callers_transaction_usable(alice):
         "still-writable",
     )
     assert not Event.objects.filter(run=run).exists()
+
+
+def test_a_tick_during_a_runs_deletion_waits_for_it_and_leaves_no_event(alice):
+    """The database holds no foreign key from events to runs (journal/0008):
+    a run's row is locked from the start of its deletion, so a tick that
+    comes meanwhile waits on it, then finds no run and writes nothing; no
+    event outlives its run. On PostgreSQL the test sees the tick wait."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    from django.db import connections
+    from django.db.models.signals import pre_delete
+
+    run = running_run(alice[0])
+    append_many([(run.id, 1, _tokens(1))], last_seqs={run.id: 0})
+    deleting, go_on = threading.Event(), threading.Event()
+
+    def paused(sender, instance, **kwargs):  # after the journal's own receiver
+        deleting.set()
+        go_on.wait(60)
+
+    def in_thread(work):
+        def job():
+            try:
+                return work()
+            finally:
+                connections.close_all()
+
+        return job
+
+    pre_delete.connect(paused, sender=Run, dispatch_uid="test-paused-deletion")
+    try:
+        with ThreadPoolExecutor(2) as threads:
+            deleted = threads.submit(
+                in_thread(lambda: Run.objects.filter(id=run.id).delete())
+            )
+            assert deleting.wait(60)
+            tick = threads.submit(
+                in_thread(
+                    lambda: append_many(
+                        [(run.id, 1, _tokens(2, start=1))], last_seqs={run.id: 1}
+                    )
+                )
+            )
+            waited = connection.vendor != "postgresql" or _waits_on_a_lock(tick)
+            go_on.set()
+            deleted.result(60)
+            [result] = tick.result(60)
+    finally:
+        go_on.set()
+        pre_delete.disconnect(sender=Run, dispatch_uid="test-paused-deletion")
+    assert waited
+    assert isinstance(result, AppendRejected)
+    assert not Run.objects.filter(id=run.id).exists()
+    assert not Event.objects.filter(run_id=run.id).exists()
+
+
+def _waits_on_a_lock(job) -> bool:
+    """Whether a backend of this database comes to wait on a row lock while
+    `job` runs (False if the job ends first)."""
+    import time
+
+    deadline = time.monotonic() + 60
+    while not job.done() and time.monotonic() < deadline:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                return True
+        time.sleep(0.01)
+    return False
