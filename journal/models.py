@@ -74,8 +74,9 @@ class Event(models.Model):
     # No index of its own: `event_unique_run_seq` leads with the run and
     # serves every lookup by run; a second index on it only doubled what each
     # append writes (docs/benchmarks.md). No constraint in the database
-    # either: its check of every inserted row against its run was a quarter
-    # of PostgreSQL's work on a tick (docs/benchmarks.md, finding 27). Rows
+    # either: its check of every inserted row against its run was up to a
+    # quarter of PostgreSQL's work on a tick (docs/benchmarks.md, findings 25
+    # and 27). Rows
     # are inserted only under their run's fenced UPDATE of its row
     # (`journal.store`), and a run's row is locked before anything of it is
     # deleted (`_lock_run_before_delete`): no event outlives its run.
