@@ -76,10 +76,9 @@ class Event(models.Model):
     # append writes (docs/benchmarks.md). No constraint in the database
     # either: its check of every inserted row against its run was up to a
     # quarter of PostgreSQL's work on a tick (docs/benchmarks.md, findings 25
-    # and 27). Rows
-    # are inserted only under their run's fenced UPDATE of its row
-    # (`journal.store`), and a run's row is locked before anything of it is
-    # deleted (`_lock_run_before_delete`): no event outlives its run.
+    # and 27). Rows are inserted only under their run's fenced UPDATE of its
+    # row (`journal.store`), and a run's row is locked before anything of it
+    # is deleted (`_lock_run_before_delete`): no event outlives its run.
     run = models.ForeignKey(
         Run,
         on_delete=models.CASCADE,
