@@ -22,7 +22,8 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   PostgreSQL `append_many`) awaited on the event loop over an asynchronous
   psycopg connection, not run on the writer thread: no hand-off to a thread
   and no wait to win the GIL back after the round trip. PostgreSQL only; a
-  sketch for measuring (no validation, no fencing errors, no reconnection).
+  sketch for measuring (no validation, no fencing errors, no reconnection);
+  prepared on the server, as the product's statement is.
   Not applied with `pass-through`.
 - `loop-commit`: the committer's statements (`append_many`, `run_positions`)
   run on the event loop's own thread and connection, blocking the loop while
@@ -323,7 +324,10 @@ def _async_commit() -> None:
             # Django's own parameters, but its cursor class is a blocking one.
             params = connection.get_connection_params()
             params.pop("cursor_factory", None)
-            conn[0] = await psycopg.AsyncConnection.connect(**params, autocommit=True)
+            # Prepared on the server, as journal.store prepares the product's.
+            conn[0] = await psycopg.AsyncConnection.connect(
+                **params, autocommit=True, prepare_threshold=sys.maxsize
+            )
         return conn[0]
 
     async def first(fn, batches, **_known):  # PostgreSQL: one statement anyway
@@ -335,7 +339,7 @@ def _async_commit() -> None:
         params = store.append_many_postgresql_params(valid, timezone.now())
         c = await connected()
         async with c.cursor() as cur:
-            await cur.execute(store._APPEND_MANY_POSTGRESQL, params)
+            await cur.execute(store._APPEND_MANY_POSTGRESQL, params, prepare=True)
             taken = dict(await cur.fetchall())
         out = []
         for run_id, _token, events in valid:
