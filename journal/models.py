@@ -4,7 +4,7 @@ Only `journal.store` writes `Event` rows and the journal fields of `Run`.
 """
 
 from django.conf import settings
-from django.db import models
+from django.db import connections, models
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
 from ulid import ULID
@@ -121,8 +121,11 @@ def _lock_run_before_delete(sender, instance: Run, using: str, **kwargs) -> None
     row would leave events behind. A tick takes its seqs with an UPDATE of
     the row, so it now waits for the deletion, then finds no run and writes
     nothing (`AppendRejected`). SQLite's transactions here begin IMMEDIATE:
-    a deletion holds the only write lock from its start anyway.
+    a deletion holds the only write lock from its start anyway, and there is
+    nothing to lock (no query).
     """
+    if not connections[using].features.has_select_for_update:
+        return
     list(
         Run.objects.using(using)
         .select_for_update()
