@@ -19,6 +19,7 @@ import environ
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from hermes_site.database_url import unix_socket_dir
 from hermes_site.private_files import create_private, ensure_private, private_dir
 from hermes_site.schema import WEBSOCKET_DESCRIPTION
 
@@ -159,6 +160,9 @@ DATABASES = {
         + env.str("HERMES_SQLITE_PATH", default=str(BASE_DIR / "db.sqlite3")),
     )
 }
+# PostgreSQL over a Unix socket as libpq writes it (%2F for each slash).
+if (_socket_dir := unix_socket_dir(env.str("DATABASE_URL", default=""))) is not None:
+    DATABASES["default"]["HOST"] = _socket_dir
 # Test databases are per test process, so concurrent suites never share one.
 if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = SQLITE_OPTIONS

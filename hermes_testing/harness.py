@@ -14,6 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from urllib.parse import quote
 
 import httpx
 import uvicorn
@@ -224,6 +225,7 @@ def subprocess_env(**overrides: str) -> dict:
         env["HERMES_SQLITE_PATH"] = str(db["NAME"])
     else:
         host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
+        host = quote(host, safe="")  # a socket's directory, as libpq writes it
         env["DATABASE_URL"] = f"postgres://{db['USER']}@{host}:{port}/{db['NAME']}"
     env.update(overrides)
     return env

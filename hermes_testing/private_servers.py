@@ -99,6 +99,12 @@ class PrivatePostgres:
         return f"postgres://{self.user}@127.0.0.1:{self.port}/postgres"
 
     @property
+    def socket_dir(self) -> str:
+        """The directory of the server's Unix socket (`.s.PGSQL.<port>`)."""
+        assert self._tmp is not None
+        return self._tmp
+
+    @property
     def datadir(self) -> Path:
         assert self._tmp is not None
         return Path(self._tmp) / "data"

@@ -5,6 +5,12 @@ import re
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+
+from hermes_site.database_url import unix_socket_dir
+from hermes_testing.private_servers import PrivatePostgres
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("chat", "journal", "hermes_site")
@@ -92,3 +98,33 @@ def test_a_provider_missing_a_key_fails_the_system_check_by_name():
     assert result.returncode != 0
     assert "hermes.E002" in result.stderr
     assert "HERMES_PROVIDERS[0] needs 'base_url'" in result.stderr
+
+
+def test_a_socket_url_as_libpq_writes_it_names_the_socket_directory():
+    assert (
+        unix_socket_dir("postgres://u@%2Frun%2FPostgreSQL:5433/h") == "/run/PostgreSQL"
+    )
+    assert unix_socket_dir("postgresql://%2ftmp%2fpg/h") == "/tmp/pg"
+    assert unix_socket_dir("postgres://u:p@127.0.0.1:5432/h") is None
+    assert unix_socket_dir("postgres://u@/run/postgresql/h") is None  # environ's own
+    assert unix_socket_dir("sqlite:////tmp/%2Fx.db") is None
+    assert unix_socket_dir("") is None
+
+
+SHOW_CONNECTION = (
+    "from django.db import connection; connection.ensure_connection();"
+    "print('=>', connection.connection.info.host, connection.connection.info.port)"
+)
+
+
+@pytest.mark.chaos
+@pytest.mark.skipif(
+    not PrivatePostgres.available(), reason="PostgreSQL server binaries are missing"
+)
+def test_postgresql_is_reached_over_its_unix_socket():
+    with PrivatePostgres() as pg:
+        socket_url = (
+            f"postgres://postgres@{quote(pg.socket_dir, safe='')}:{pg.port}/postgres"
+        )
+        shown = _manage("shell", "-c", SHOW_CONNECTION, DATABASE_URL=socket_url)
+        assert _shown(shown) == f"{pg.socket_dir} {pg.port}"
