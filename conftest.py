@@ -32,8 +32,9 @@ def _close_pool_connections(django_db_setup, django_db_blocker):
     dbpool.shutdown()
     from django.db import connection
 
-    if connection.vendor != "postgresql":
-        return
+    db = connection.settings_dict
+    if connection.vendor != "postgresql" or db["NAME"] != db["TEST"]["NAME"]:
+        return  # no test database on PostgreSQL: none of the tests run used one
     try:
         with django_db_blocker.unblock(), connection.cursor() as cursor:
             cursor.execute(
