@@ -16,6 +16,6 @@ def unix_socket_dir(url: str) -> str | None:
     if parts.scheme not in ("postgres", "postgresql", "pgsql", "psql"):
         return None
     host = parts.netloc.rpartition("@")[2]
-    if not host[:3].upper() == "%2F":
+    if not host.upper().startswith("%2F"):
         return None
     return unquote(re.sub(r":\d*$", "", host))

@@ -225,7 +225,8 @@ def subprocess_env(**overrides: str) -> dict:
         env["HERMES_SQLITE_PATH"] = str(db["NAME"])
     else:
         host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
-        host = quote(host, safe="")  # a socket's directory, as libpq writes it
+        if host.startswith("/"):  # a socket's directory, as libpq writes it
+            host = quote(host, safe="")
         env["DATABASE_URL"] = f"postgres://{db['USER']}@{host}:{port}/{db['NAME']}"
     env.update(overrides)
     return env
