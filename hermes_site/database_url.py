@@ -3,6 +3,8 @@
 import re
 from urllib.parse import unquote, urlsplit
 
+from environ import Env
+
 
 def unix_socket_dir(url: str) -> str | None:
     """The directory of the Unix socket a PostgreSQL URL names in libpq's own
@@ -13,7 +15,7 @@ def unix_socket_dir(url: str) -> str | None:
     when given, stays where it is: it names the socket's file in the directory.
     """
     parts = urlsplit(url)
-    if parts.scheme not in ("postgres", "postgresql", "pgsql", "psql"):
+    if parts.scheme not in Env.POSTGRES_FAMILY:  # django-environ's own list
         return None
     host = parts.netloc.rpartition("@")[2]
     if not host.upper().startswith("%2F"):
