@@ -48,6 +48,8 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   disk (`synchronous_commit = off` on every connection of the process): what
   the flush costs a tick. Not a setting the product could take: a database
   crash would lose commits readers have already seen.
+- `wait:S` (with `pass-through`): the pass-through's appends sleep S
+  seconds, letting the GIL go as a statement's wait for the database does.
 - `pass-through`: the build durability is measured against. The committer's
   appends (`append_many`) write nothing after a run's first batch (its
   `start`, stored): each run's seqs are counted in memory from there and the
@@ -93,12 +95,17 @@ def bounded_read_after(*, run_id: str, after_seq: int, limit: int = 2000):
 
 
 def pass_through() -> None:
+    import time
+
     import chat.runner
     import chat.writer
     from journal.models import Run
     from journal.store import Record, append, encode
 
     stored_append_many = chat.writer.append_many
+    wait_s = next(
+        (float(w.split(":", 1)[1]) for w in wanted() if w.startswith("wait:")), 0.0
+    )
     seqs: dict[str, int] = {}  # run id -> its last seq, counted here
 
     def append_many(batches, **_known):
@@ -110,6 +117,8 @@ def pass_through() -> None:
             if first
             else {}
         )
+        if wait_s:
+            time.sleep(wait_s)  # lets the GIL go, as a statement's wait does
         out = []
         for run_id, _token, events in batches:
             if run_id in stored:
