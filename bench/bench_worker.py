@@ -418,8 +418,12 @@ def _durability_rounds(args, env, token, sweep: list[int], stored: list[dict]):
     above). Two servers measured one after the other differ by more than
     durability costs on a busy two-core machine (one round's "added" at 100
     runs ranged from +1 % to +22 % over three runs of this bench), so the
-    steps up to `DURABILITY_ROUNDS_MAX_RUNS` take `--rounds` rounds, the
-    builds alternating, and each build's latency is the median of its rounds.
+    steps up to `DURABILITY_ROUNDS_MAX_RUNS` take `--rounds` rounds, and each
+    build's latency is the median of its rounds. Which build goes first turns
+    round each round (journal and pass-through, then pass-through and
+    journal, …): a machine that drifts over the sweep, or a first server
+    that meets a colder database, weighs on both builds, not on the
+    journal's alone.
     """
     rounds_of: dict[int, tuple[list[dict], list[dict]]] = {
         c["runs"]: ([c], []) for c in stored
@@ -427,11 +431,10 @@ def _durability_rounds(args, env, token, sweep: list[int], stored: list[dict]):
     many = [n for n in sweep if n <= DURABILITY_ROUNDS_MAX_RUNS] or sweep
     for i in range(args.rounds):
         steps = sweep if i == 0 else many
-        for c in asyncio.run(_main(args, env, token, steps, patch=PASS_THROUGH)):
-            rounds_of[c["runs"]][1].append(c)
-        if i + 1 < args.rounds:
-            for c in asyncio.run(_main(args, env, token, many)):
-                rounds_of[c["runs"]][0].append(c)
+        builds = [(0, ""), (1, PASS_THROUGH)][1 if i == 0 else 0 :]
+        for side, patch in builds[::-1] if i % 2 else builds:
+            for c in asyncio.run(_main(args, env, token, steps, patch=patch)):
+                rounds_of[c["runs"]][side].append(c)
     return [_compare(n, *rounds_of[n]) for n in sweep]
 
 
@@ -513,11 +516,12 @@ server of its own: the same worker and readers, but the committer's
 appends store nothing after a run's first batch (`bench/whatif.py`,
 `{PASS_THROUGH}`: seqs counted in memory, the records published as committed
 ones are, after the same hand-off to the writer thread; NOT product code).
-Steps up to {DURABILITY_ROUNDS_MAX_RUNS} runs take {args.rounds} rounds, the builds
-alternating (journal, pass-through, journal, …); each build's figure is the
-median of its rounds, and "added" is the journal's latency over the
-pass-through's. The round-by-round column shows how far one pair of servers
-can be from the next on this machine.
+Steps up to {DURABILITY_ROUNDS_MAX_RUNS} runs take {args.rounds} rounds, which build
+goes first turning round each round (journal and pass-through, then
+pass-through and journal, …); each build's figure is the median of its
+rounds, and "added" is the journal's latency over the pass-through's. The
+round-by-round column shows how far one pair of servers can be from the
+next on this machine.
 
 {_durability(compared)}"""
     )
