@@ -421,9 +421,8 @@ def _durability_rounds(args, env, token, sweep: list[int], stored: list[dict]):
     steps up to `DURABILITY_ROUNDS_MAX_RUNS` take `--rounds` rounds, and each
     build's latency is the median of its rounds. Which build goes first turns
     round each round (journal and pass-through, then pass-through and
-    journal, …): a machine that drifts over the sweep, or a first server
-    that meets a colder database, weighs on both builds, not on the
-    journal's alone.
+    journal, …): whatever drifts over a sweep (the machine's load, the
+    database's size) weighs on both builds alike.
     """
     rounds_of: dict[int, tuple[list[dict], list[dict]]] = {
         c["runs"]: ([c], []) for c in stored
