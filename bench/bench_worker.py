@@ -430,8 +430,12 @@ def _durability_rounds(args, env, token, sweep: list[int], stored: list[dict]):
     many = [n for n in sweep if n <= DURABILITY_ROUNDS_MAX_RUNS] or sweep
     for i in range(args.rounds):
         steps = sweep if i == 0 else many
-        builds = [(0, ""), (1, PASS_THROUGH)][1 if i == 0 else 0 :]
-        for side, patch in builds[::-1] if i % 2 else builds:
+        pair = [(0, ""), (1, PASS_THROUGH)]  # (side, patch): journal, pass-through
+        if i == 0:
+            pair = pair[1:]  # the journal's first round is the sweep above
+        elif i % 2:
+            pair.reverse()
+        for side, patch in pair:
             for c in asyncio.run(_main(args, env, token, steps, patch=patch)):
                 rounds_of[c["runs"]][side].append(c)
     return [_compare(n, *rounds_of[n]) for n in sweep]
