@@ -1,7 +1,8 @@
-"""What `DATABASE_URL` names that django-environ does not read as libpq does."""
+"""`DATABASE_URL` in libpq's form for a Unix socket: read where django-environ
+does not read it as libpq does, and written so that it reads back."""
 
 import re
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 from environ import Env
 
@@ -21,3 +22,11 @@ def unix_socket_dir(url: str) -> str | None:
     if not host.upper().startswith("%2F"):
         return None
     return unquote(re.sub(r":\d*$", "", host))
+
+
+def postgres_url(user: str, host: str, port: int | str, name: str) -> str:
+    """A PostgreSQL URL that `unix_socket_dir` and the settings read back: a
+    socket's directory as host is written as libpq writes it (%2F for /)."""
+    if host.startswith("/"):
+        host = quote(host, safe="")
+    return f"postgres://{user}@{host}:{port}/{name}"

@@ -14,7 +14,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
-from urllib.parse import quote
 
 import httpx
 import uvicorn
@@ -26,6 +25,7 @@ from httpx_sse import EventSource
 from rest_framework.authtoken.models import Token
 from websockets.typing import Origin
 
+from hermes_site.database_url import postgres_url
 from journal.models import Run
 
 
@@ -224,10 +224,9 @@ def subprocess_env(**overrides: str) -> dict:
     if db["ENGINE"].endswith("sqlite3"):
         env["HERMES_SQLITE_PATH"] = str(db["NAME"])
     else:
-        host, port = db["HOST"] or "127.0.0.1", db["PORT"] or 5432
-        if host.startswith("/"):  # a socket's directory, as libpq writes it
-            host = quote(host, safe="")
-        env["DATABASE_URL"] = f"postgres://{db['USER']}@{host}:{port}/{db['NAME']}"
+        env["DATABASE_URL"] = postgres_url(
+            db["USER"], db["HOST"] or "127.0.0.1", db["PORT"] or 5432, db["NAME"]
+        )
     env.update(overrides)
     return env
 

@@ -30,6 +30,8 @@ import time
 from pathlib import Path
 from typing import IO
 
+from hermes_site.database_url import postgres_url
+
 
 def free_port() -> int:
     with socket.socket() as sock:
@@ -96,13 +98,18 @@ class PrivatePostgres:
 
     @property
     def url(self) -> str:
-        return f"postgres://{self.user}@127.0.0.1:{self.port}/postgres"
+        return postgres_url(self.user, "127.0.0.1", self.port, "postgres")
 
     @property
     def socket_dir(self) -> str:
         """The directory of the server's Unix socket (`.s.PGSQL.<port>`)."""
         assert self._tmp is not None
         return self._tmp
+
+    @property
+    def socket_url(self) -> str:
+        """`url` over the server's Unix socket, in libpq's form."""
+        return postgres_url(self.user, self.socket_dir, self.port, "postgres")
 
     @property
     def datadir(self) -> Path:

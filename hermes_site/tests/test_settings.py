@@ -5,11 +5,10 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from urllib.parse import quote
 
 import pytest
 
-from hermes_site.database_url import unix_socket_dir
+from hermes_site.database_url import postgres_url, unix_socket_dir
 from hermes_testing.private_servers import PrivatePostgres
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,6 +108,7 @@ def test_a_socket_url_as_libpq_writes_it_names_the_socket_directory():
     assert unix_socket_dir("postgres://u@/run/postgresql/h") is None  # environ's own
     assert unix_socket_dir("sqlite:////tmp/%2Fx.db") is None
     assert unix_socket_dir("") is None
+    assert unix_socket_dir(postgres_url("u", "/run/pg", 5432, "h")) == "/run/pg"
 
 
 SHOW_CONNECTION = (
@@ -123,8 +123,5 @@ SHOW_CONNECTION = (
 )
 def test_postgresql_is_reached_over_its_unix_socket():
     with PrivatePostgres() as pg:
-        socket_url = (
-            f"postgres://postgres@{quote(pg.socket_dir, safe='')}:{pg.port}/postgres"
-        )
-        shown = _manage("shell", "-c", SHOW_CONNECTION, DATABASE_URL=socket_url)
+        shown = _manage("shell", "-c", SHOW_CONNECTION, DATABASE_URL=pg.socket_url)
         assert _shown(shown) == f"{pg.socket_dir} {pg.port}"
