@@ -145,3 +145,34 @@ def test_a_started_note_after_the_finished_one_leaves_no_mark(open_page, alice):
         session.pk,
     )
     assert shown == [False, True, True, False]
+
+
+def test_a_refresh_keeps_the_row_under_the_pointer_and_the_focus(open_page, alice):
+    """A list fetched again (here: a rename in another tab) updates the rows in
+    place: the row under the pointer keeps its buttons shown and the button
+    with the keyboard's focus keeps it."""
+    for title in ("first", "second"):
+        ChatSession.objects.create(owner=alice[0], title=title)
+    page = open_page(alice[0])
+    listed = page.get_by_test_id("session-list").locator(
+        "[data-testid=session-group], [data-testid=session-name]"
+    )
+    expect(listed).to_have_text(["Today", "second", "first"], ignore_case=True)
+    row = page.get_by_test_id("session-item").filter(has_text="first")
+    row.hover()
+    pin = row.get_by_test_id("session-pin")
+    pin.focus()
+    focused = pin.element_handle()
+
+    other = open_page(alice[0], tab_of=page)
+    renamed = other.get_by_test_id("session-item").filter(has_text="second")
+    renamed.hover()
+    renamed.get_by_test_id("session-rename").click()
+    other.get_by_test_id("rename-input").fill("second, renamed")
+    other.get_by_test_id("rename-input").press("Enter")
+
+    expect(listed).to_have_text(["Today", "second, renamed", "first"], ignore_case=True)
+    assert page.evaluate(
+        "el => el.isConnected && document.activeElement === el", focused
+    )
+    expect(pin).to_be_visible()

@@ -51,6 +51,7 @@ export class Sidebar {
     this.refreshTimer = null;
     this.notifications = null;
     this.renaming = false; // a title is being edited in place
+    this.drawn = new Map(); // "session:<id>" or "group:<label>" -> its row in the list
     this.hits = new SearchHits(onSelect);
     this.search.addEventListener("input", () => {
       clearTimeout(this.searchTimer);
@@ -96,10 +97,13 @@ export class Sidebar {
   }
 
   /** The list: pinned chats first, then newest first under date headings
-   * (today, yesterday, …). */
+   * (today, yesterday, …). Rows already drawn are kept and updated in place,
+   * and only rows whose place changed move: a refresh that changes nothing
+   * leaves the pointer's hover and the keyboard's focus where they were. */
   render() {
     if (this.renaming) return; // redrawn when the rename ends; keep the input alive
     const nodes = [];
+    const kept = new Map();
     let group = null;
     const now = new Date();
     const pinned = this.sessions.filter((s) => s.pinned);
@@ -108,22 +112,24 @@ export class Sidebar {
       const label = session.pinned ? "Pinned" : dateGroup(session.updated_at, now);
       if (label !== group) {
         group = label;
-        const heading = document.createElement("li");
-        heading.className = "session-group";
-        heading.dataset.testid = "session-group";
-        heading.setAttribute("role", "presentation");
-        heading.textContent = label;
+        const key = `group:${label}`;
+        const heading = this.drawn.get(key) || groupHeading(label);
+        kept.set(key, heading);
         nodes.push(heading);
       }
-      nodes.push(this.#item(session));
+      const key = `session:${session.id}`;
+      const item = this.drawn.get(key) || this.template.content.firstElementChild.cloneNode(true);
+      this.#fill(item, session);
+      kept.set(key, item);
+      nodes.push(item);
     }
-    this.list.replaceChildren(...nodes);
+    this.drawn = kept;
+    placeChildren(this.list, nodes);
     // While searching, the message hits below say whether anything matched.
     this.empty.hidden = this.sessions.length > 0 || Boolean(this.search.value.trim());
   }
 
-  #item(session) {
-    const item = this.template.content.firstElementChild.cloneNode(true);
+  #fill(item, session) {
     item.dataset.sessionId = String(session.id);
     item.classList.toggle("current", session.id === this.currentId);
     const link = item.querySelector(".session-link");
@@ -136,7 +142,6 @@ export class Sidebar {
     pin.title = session.pinned ? "Unpin" : "Pin";
     pin.textContent = session.pinned ? "★" : "☆";
     pin.setAttribute("aria-pressed", String(Boolean(session.pinned)));
-    return item;
   }
 
   setCurrent(id) {
@@ -305,6 +310,7 @@ export class Sidebar {
       if (done) return;
       done = true;
       this.renaming = false;
+      input.replaceWith(name); // the row is reused by render(), which sets the title
       const title = input.value.trim();
       if (save && title && (!session || title !== session.title)) {
         try {
@@ -350,6 +356,30 @@ export class Sidebar {
     this.running.delete(id);
     this.render();
     this.onDeleted(id);
+  }
+}
+
+function groupHeading(label) {
+  const heading = document.createElement("li");
+  heading.className = "session-group";
+  heading.dataset.testid = "session-group";
+  heading.setAttribute("role", "presentation");
+  heading.textContent = label;
+  return heading;
+}
+
+/** Make `parent`'s children exactly `nodes`, in order, moving only the nodes
+ * out of place (a node removed and put back loses hover and focus). */
+function placeChildren(parent, nodes) {
+  let cursor = parent.firstChild;
+  for (const node of nodes) {
+    if (node === cursor) cursor = cursor.nextSibling;
+    else parent.insertBefore(node, cursor);
+  }
+  while (cursor) {
+    const next = cursor.nextSibling;
+    cursor.remove();
+    cursor = next;
   }
 }
 
