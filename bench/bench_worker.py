@@ -80,7 +80,7 @@ def _journal(run_ids: list[str]) -> dict:
     rows = (
         Event.objects.filter(run_id__in=run_ids)
         .exclude(type="start")
-        .aggregate(n=Count("id"), first=Min("created_at"), last=Max("created_at"))
+        .aggregate(n=Count("seq"), first=Min("created_at"), last=Max("created_at"))
     )
     diag = list(
         Turn.objects.filter(run_id__in=run_ids).values_list("diagnostics", flat=True)

@@ -44,6 +44,12 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `no-event-fk`: journal_event's foreign key to journal_run dropped from the
   database (PostgreSQL; by the `worker` process as it starts): no check of
   each inserted row against its run at commit.
+- `event-key-run-seq`: journal_event keyed by `(run_id, seq)` in the database
+  (PostgreSQL; by the `worker` process as it starts): the surrogate `id`, its
+  identity sequence and its index dropped (the column stays, NULL in new
+  rows), the run-and-seq unique index becoming the primary key, so each
+  inserted event costs one index insert, not two, and no `nextval`. The
+  worker's tick and the readers never use the id.
 - `sync-off`: PostgreSQL commits without waiting for their WAL to reach the
   disk (`synchronous_commit = off` on every connection of the process): what
   the flush costs a tick. Not a setting the product could take: a database
@@ -385,6 +391,32 @@ def _drop_event_fk() -> None:
     connection.close()
 
 
+def _event_key_run_seq() -> None:
+    from django.db import connection
+
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT conname FROM pg_constraint"
+            " WHERE conrelid = 'journal_event'::regclass AND contype = 'p'"
+        )
+        (primary,) = cursor.fetchone()
+        if primary == "journal_event_run_seq_key":  # an earlier worker did it
+            connection.close()
+            return
+        cursor.execute(f'ALTER TABLE journal_event DROP CONSTRAINT "{primary}"')
+        cursor.execute("ALTER TABLE journal_event DROP CONSTRAINT event_unique_run_seq")
+        # Kept as a column (the ORM selects it), filled no more.
+        cursor.execute(
+            "ALTER TABLE journal_event ALTER COLUMN id DROP IDENTITY IF EXISTS,"
+            " ALTER COLUMN id DROP NOT NULL"
+        )
+        cursor.execute(
+            "ALTER TABLE journal_event"
+            " ADD CONSTRAINT journal_event_run_seq_key PRIMARY KEY (run_id, seq)"
+        )
+    connection.close()
+
+
 def main() -> None:
     import django
 
@@ -399,6 +431,8 @@ def main() -> None:
     django.setup()
     if "no-event-fk" in wanted() and sys.argv[1:2] == ["worker"]:
         _drop_event_fk()
+    if "event-key-run-seq" in wanted() and sys.argv[1:2] == ["worker"]:
+        _event_key_run_seq()
     apply()
     from django.core.management import execute_from_command_line
 
