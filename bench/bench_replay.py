@@ -85,11 +85,13 @@ def _measure(
         base_rss, base_hwm = server.rss_kib(), server.hwm_kib()
         rates, firsts = [], []
         profiler = common.Profiler(server.pid, f"replay-{label}-{n}")
+        cpu_before = server.cpu_s()
         for _ in range(repeats):
             events, first, total = asyncio.run(replay_once(port, token, run_id))
             assert events == n + 1, (events, n + 1)
             rates.append(events / total)
             firsts.append(first)
+        cpu_per_event = (server.cpu_s() - cpu_before) / (repeats * (n + 1))
         profiler.stop()
         for _ in range(probes):  # time to first event, stream abandoned after it
             firsts.append(
@@ -100,6 +102,7 @@ def _measure(
             "events": n + 1,
             "events_per_s_median": statistics.median(rates),
             "events_per_s_best": max(rates),
+            "server_cpu_us_per_event": cpu_per_event * 1e6,
             "first_event_ms_p50": common.pct(firsts, 50) * 1e3,
             "first_event_ms_max": max(firsts) * 1e3,
             "first_request_first_event_ms": cold_first * 1e3,
@@ -177,6 +180,7 @@ def run(args):
                 r["events"],
                 round(r["events_per_s_median"]),
                 round(r["events_per_s_best"]),
+                round(r["server_cpu_us_per_event"], 2),
                 r["first_event_ms_p50"],
                 r["first_event_ms_max"],
                 r["first_request_first_event_ms"],
@@ -191,6 +195,7 @@ def run(args):
         "events in run",
         "events/s (median)",
         "events/s (best)",
+        "server CPU µs per event",
         "first event p50 ms",
         "first event max ms",
         "first request after start: first event ms",
@@ -244,9 +249,11 @@ first replays a 100-event run (warm-up; "before" is its peak RSS after that):
 first streaming request.
 The reader is one raw asyncio socket in the bench process; events/s is events
 (including `end`) over the whole request, connect to last byte, {repeats} reads,
-median and best. "First event" is connect to the first chunk holding an event
-frame, over the {repeats} full reads and {probes} more reads that stop there.
-"After" is the peak RSS (VmHWM) after all reads."""
+median and best. "Server CPU µs per event" is the serving process's CPU time
+(user and system, from /proc) over those reads per event: on a shared machine
+it moves less than events/s does. "First event" is connect to the first chunk
+holding an event frame, over the {repeats} full reads and {probes} more reads
+that stop there. "After" is the peak RSS (VmHWM) after all reads."""
     )
     result["growth_kib"] = [r["hwm_after_kib"] - r["hwm_base_kib"] for r in final]
     return markdown, result

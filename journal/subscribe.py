@@ -518,7 +518,7 @@ async def _stream(
                     if shared is not None:
                         yield shared.encode(fmt, part)
                     else:
-                        yield fmt.writes([fmt.frame(run_id, r) for r in part])
+                        yield fmt.encode(run_id, part)
             if batch[-1].type == TERMINAL:
                 return
     finally:

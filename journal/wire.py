@@ -40,13 +40,18 @@ def event_id(run_id: str, seq: int) -> str:
 
 
 def sse_frame(run_id: str, record: Record) -> str:
-    return (
-        f"id: {run_id}:{record.seq}\nevent: {record.type}\ndata: {record.payload}\n\n"
-    )
+    return sse_frames(run_id, (record,))
 
 
 def sse_frames(run_id: str, records: Iterable[Record]) -> str:
-    return "".join(sse_frame(run_id, r) for r in records)
+    """`sse_frame` of each record, joined: written out in one comprehension,
+    not a call per record (replay encodes hundreds of thousands a second)."""
+    return "".join(
+        [
+            f"id: {run_id}:{seq}\nevent: {type_}\ndata: {payload}\n\n"
+            for seq, type_, payload in records
+        ]
+    )
 
 
 def sse_retry(retry_ms: int) -> str:
@@ -101,19 +106,28 @@ class Format:
     and format and hands the same objects to every reader of that hub, so a
     frame must depend on the run and the record only. `joined`: the frames of
     a batch are one write (UTF-8 bytes); else one write (a text message) each.
+    `many` (joined formats): the frames of many records in one call, the same
+    text as `frame`'s joined, for journal pages that no other reader shares.
     """
 
     name: str
     frame: Callable[[str, Record], str]
     joined: bool
+    many: Callable[[str, Sequence[Record]], str] | None = None
 
     def writes(self, frames: Sequence[str]) -> list:
         """`frames` as this format's writes, in order."""
         return ["".join(frames).encode()] if self.joined else list(frames)
 
+    def encode(self, run_id: str, records: Sequence[Record]) -> list:
+        """`records`' writes, encoded here and now."""
+        if self.many is not None:
+            return [self.many(run_id, records).encode()]
+        return self.writes([self.frame(run_id, r) for r in records])
+
 
 # SSE: a batch's frames as one write. JSON frames: one WebSocket message each.
-SSE = Format("sse", sse_frame, joined=True)
+SSE = Format("sse", sse_frame, joined=True, many=sse_frames)
 JSON_FRAMES = Format("json", json_frame, joined=False)
 
 
