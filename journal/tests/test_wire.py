@@ -163,3 +163,7 @@ def test_formats_write_sse_frames_joined_and_json_frames_one_each():
     assert sse == [sse_frames(RUN, records).encode()]
     json_frames = [wire.JSON_FRAMES.frame(RUN, r) for r in records]
     assert wire.JSON_FRAMES.writes(json_frames) == [json_frame(RUN, r) for r in records]
+    # A page encoded at once is byte for byte the frames encoded one by one.
+    assert wire.SSE.encode(RUN, records) == sse
+    assert wire.JSON_FRAMES.encode(RUN, records) == json_frames
+    assert wire.SSE.encode(RUN, []) == [b""]
