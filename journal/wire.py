@@ -106,8 +106,8 @@ class Format:
     and format and hands the same objects to every reader of that hub, so a
     frame must depend on the run and the record only. `joined`: the frames of
     a batch are one write (UTF-8 bytes); else one write (a text message) each.
-    `many` (joined formats): the frames of many records in one call, the same
-    text as `frame`'s joined, for journal pages that no other reader shares.
+    `many` (joined formats): many records' frames, joined, in one call (the
+    same text as joining `frame`'s), for journal pages no other reader shares.
     """
 
     name: str
