@@ -40,12 +40,15 @@ def event_id(run_id: str, seq: int) -> str:
 
 
 def sse_frame(run_id: str, record: Record) -> str:
-    return sse_frames(run_id, (record,))
+    return (
+        f"id: {run_id}:{record.seq}\nevent: {record.type}\ndata: {record.payload}\n\n"
+    )
 
 
 def sse_frames(run_id: str, records: Iterable[Record]) -> str:
-    """`sse_frame` of each record, joined: written out in one comprehension,
-    not a call per record (replay encodes hundreds of thousands a second)."""
+    """`sse_frame` of each record, joined. The frame is written out again in
+    one comprehension, not a call per record: replay encodes hundreds of
+    thousands a second (journal/tests/test_wire.py holds the two to the same bytes)."""
     return "".join(
         [
             f"id: {run_id}:{seq}\nevent: {type_}\ndata: {payload}\n\n"
