@@ -388,7 +388,6 @@ def _drop_event_fk() -> None:
         )
         for (name,) in cursor.fetchall():
             cursor.execute(f'ALTER TABLE journal_event DROP CONSTRAINT "{name}"')
-    connection.close()
 
 
 def _event_key_run_seq() -> None:
@@ -401,7 +400,6 @@ def _event_key_run_seq() -> None:
         )
         (primary,) = cursor.fetchone()
         if primary == "journal_event_run_seq_key":  # an earlier worker did it
-            connection.close()
             return
         cursor.execute(f'ALTER TABLE journal_event DROP CONSTRAINT "{primary}"')
         cursor.execute("ALTER TABLE journal_event DROP CONSTRAINT event_unique_run_seq")
@@ -414,7 +412,13 @@ def _event_key_run_seq() -> None:
             "ALTER TABLE journal_event"
             " ADD CONSTRAINT journal_event_run_seq_key PRIMARY KEY (run_id, seq)"
         )
-    connection.close()
+
+
+# What-ifs that change the database's schema, made by the `worker` as it starts.
+_WORKER_SCHEMA = {
+    "no-event-fk": _drop_event_fk,
+    "event-key-run-seq": _event_key_run_seq,
+}
 
 
 def main() -> None:
@@ -429,10 +433,13 @@ def main() -> None:
         asyncio.set_event_loop_policy(uvloop.EventLoopPolicy())
 
     django.setup()
-    if "no-event-fk" in wanted() and sys.argv[1:2] == ["worker"]:
-        _drop_event_fk()
-    if "event-key-run-seq" in wanted() and sys.argv[1:2] == ["worker"]:
-        _event_key_run_seq()
+    if sys.argv[1:2] == ["worker"]:
+        from django.db import connection
+
+        for name, change in _WORKER_SCHEMA.items():
+            if name in wanted():
+                change()
+        connection.close()  # the worker opens its own connections
     apply()
     from django.core.management import execute_from_command_line
 

@@ -149,8 +149,9 @@ def test_a_started_note_after_the_finished_one_leaves_no_mark(open_page, alice):
 
 def test_a_refresh_keeps_the_row_under_the_pointer_and_the_focus(open_page, alice):
     """A list fetched again (here: a rename in another tab) updates the rows in
-    place: the row under the pointer keeps its buttons shown and the button
-    with the keyboard's focus keeps it."""
+    place: a row is the same node after the refresh, so the button with the
+    keyboard's focus keeps it (and a row under the pointer its hover, which
+    shows its buttons as focus does)."""
     for title in ("first", "second"):
         ChatSession.objects.create(owner=alice[0], title=title)
     page = open_page(alice[0])
