@@ -13,7 +13,8 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   many runs they carry (`chat.writer.tick_interval`: 30 ms, stretching to 50
   ms from 80 to 160 runs in a tick).
 - `gc-threshold:N`: the collector's young generation collected after N net
-  allocations of container objects instead of CPython's 700.
+  allocations of container objects instead of CPython's 700;
+  `gc-threshold:N/M/K` sets the three thresholds (CPython's 700, 10, 10).
 - `committer-thread`: the journal's committer (`chat.writer`) on a writer
   thread and connection of its own, so a tick never waits behind another
   write (a run's start or end, a lease renewal). PostgreSQL only: SQLite
@@ -38,6 +39,10 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `tick-probe`: records each tick of the committer (its whole time, its
   `append_many` call, its publish, its events) into
   `var/bench/tick-probe-<pid>.json`, rewritten every 20 ticks.
+- `gc-probe`: records each collection of the garbage collector (its
+  generation, how long it took, what it visited and freed) into
+  `var/bench/gc-probe-<pid>.json`, rewritten every 50 collections, with the
+  frozen objects' count and the generations' thresholds.
 - `uvloop`: the event loop is uvloop's (its policy set before daphne installs
   its asyncio reactor). Only where `whatif.py` stands in for `manage.py`;
   uvloop is not among the requirements (`pip install uvloop` first).
@@ -199,6 +204,8 @@ def apply() -> set[str]:
         _loop_commit()
     if "tick-probe" in names:
         _tick_probe()
+    if "gc-probe" in names:
+        _gc_probe()
     if "async-commit" in names and "pass-through" not in names:
         _async_commit()
     if "sync-off" in names:
@@ -216,12 +223,55 @@ def apply() -> set[str]:
         if name.startswith("gc-threshold:"):
             import gc
 
-            gc.set_threshold(int(name.split(":")[1]), *gc.get_threshold()[1:])
+            # `gc-threshold:N` the young generation's; `gc-threshold:N/M/K` all three.
+            given = [int(n) for n in name.split(":")[1].split("/")]
+            gc.set_threshold(*given, *gc.get_threshold()[len(given) :])
         if name.startswith("writer-threads:"):
             from journal import dbpool
 
             dbpool.writers = dbpool.DBPool("write", int(name.split(":")[1]))
     return names
+
+
+def _gc_probe() -> None:
+    import gc
+    import json
+    import threading
+    import time
+
+    path = ROOT / "var" / "bench" / f"gc-probe-{os.getpid()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # One entry per collection: [generation, seconds, collected, thread name].
+    stats: dict[str, Any] = {"whatif": sorted(wanted()), "collections": []}
+    began: list[float] = [0.0]
+
+    def probe(phase: str, info: dict) -> None:
+        if phase == "start":
+            began[0] = time.perf_counter()
+            return
+        stats["collections"].append(
+            [
+                info["generation"],
+                time.perf_counter() - began[0],
+                info["collected"],
+                threading.current_thread().name,
+            ]
+        )
+        if info["generation"] == 2:
+            # What a full collection walks: the oldest generation's objects
+            # by type (counted after the collection, outside its time).
+            kinds: dict[str, int] = {}
+            for obj in gc.get_objects(generation=2):
+                name = type(obj).__qualname__
+                kinds[name] = kinds.get(name, 0) + 1
+            top = sorted(kinds.items(), key=lambda kv: -kv[1])[:25]
+            stats.setdefault("oldest", []).append([sum(kinds.values()), top])
+        if len(stats["collections"]) % 50 == 0 or info["generation"] == 2:
+            stats["frozen"] = gc.get_freeze_count()
+            stats["threshold"] = gc.get_threshold()
+            path.write_text(json.dumps(stats))
+
+    gc.callbacks.append(probe)
 
 
 def _tick_probe() -> None:
