@@ -40,9 +40,10 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   `append_many` call, its publish, its events) into
   `var/bench/tick-probe-<pid>.json`, rewritten every 20 ticks.
 - `gc-probe`: records each collection of the garbage collector (its
-  generation, how long it took, what it visited and freed) into
-  `var/bench/gc-probe-<pid>.json`, rewritten every 50 collections, with the
-  frozen objects' count and the generations' thresholds.
+  generation, how long it took, how many objects it freed, the thread it ran
+  on) into `var/bench/gc-probe-<pid>.json`, rewritten every 50 collections
+  and after each full one, with the frozen objects' count, the thresholds,
+  and after each full collection the oldest generation's objects by type.
 - `uvloop`: the event loop is uvloop's (its policy set before daphne installs
   its asyncio reactor). Only where `whatif.py` stands in for `manage.py`;
   uvloop is not among the requirements (`pip install uvloop` first).
