@@ -234,26 +234,34 @@ def apply() -> set[str]:
     return names
 
 
+def _probe_file(name: str) -> Path:
+    """Where a probe of this process rewrites its JSON: var/bench/<name>-<pid>.json."""
+    path = ROOT / "var" / "bench" / f"{name}-{os.getpid()}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return path
+
+
 def _gc_probe() -> None:
     import gc
     import json
     import threading
     import time
+    from collections import Counter
 
-    path = ROOT / "var" / "bench" / f"gc-probe-{os.getpid()}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _probe_file("gc-probe")
     # One entry per collection: [generation, seconds, collected, thread name].
     stats: dict[str, Any] = {"whatif": sorted(wanted()), "collections": []}
-    began: list[float] = [0.0]
+    began = 0.0
 
     def probe(phase: str, info: dict) -> None:
+        nonlocal began
         if phase == "start":
-            began[0] = time.perf_counter()
+            began = time.perf_counter()
             return
         stats["collections"].append(
             [
                 info["generation"],
-                time.perf_counter() - began[0],
+                time.perf_counter() - began,
                 info["collected"],
                 threading.current_thread().name,
             ]
@@ -261,12 +269,12 @@ def _gc_probe() -> None:
         if info["generation"] == 2:
             # What a full collection walks: the oldest generation's objects
             # by type (counted after the collection, outside its time).
-            kinds: dict[str, int] = {}
-            for obj in gc.get_objects(generation=2):
-                name = type(obj).__qualname__
-                kinds[name] = kinds.get(name, 0) + 1
-            top = sorted(kinds.items(), key=lambda kv: -kv[1])[:25]
-            stats.setdefault("oldest", []).append([sum(kinds.values()), top])
+            kinds = Counter(
+                type(obj).__qualname__ for obj in gc.get_objects(generation=2)
+            )
+            stats.setdefault("oldest", []).append(
+                [kinds.total(), kinds.most_common(25)]
+            )
         if len(stats["collections"]) % 50 == 0 or info["generation"] == 2:
             stats["frozen"] = gc.get_freeze_count()
             stats["threshold"] = gc.get_threshold()
@@ -290,8 +298,7 @@ def _tick_probe() -> None:
         "publish": [],
         "events": [],
     }
-    path = ROOT / "var" / "bench" / f"tick-probe-{os.getpid()}.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path = _probe_file("tick-probe")
     commit, append_many = chat.writer._Committer._commit, chat.writer.append_many
     publish_many = chat.writer.publish_many
 
