@@ -182,9 +182,14 @@ async def _measure(
         if r["marker"] in labels
     }
     journal = await asyncio.to_thread(_journal, list(labels.values()))
+    folder = getattr(args, "samples", None)  # bench_capacity has no --samples
+    samples: list | None = [] if folder else None
     result = _analyse(
-        labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup_s
+        labels, readers, sent, journal, (cpu0, cpu1), (t0, t1), finished, samples
     )
+    result["setup_s"] = setup_s
+    if folder and samples is not None:
+        _write_samples(folder, runs, samples)
     # From gate open to the last `end`, the runs' starts not included.
     result["tick_ms"] = {"count": int(ticks.get(float("inf"), 0))}
     for pc in (50, 90, 99):
@@ -195,7 +200,21 @@ async def _measure(
     return result
 
 
-def _analyse(labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup_s):
+def _write_samples(folder: str, runs: int, samples: list) -> None:
+    """Every token's `[run id, index, sent ns, read ns]` of one step, for
+    `bench/latency_stages.py`, in `<folder>/worker-<runs>runs-<n>.json`."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    n = 1 + len(list(out.glob(f"worker-{runs}runs-*.json")))
+    path = out / f"worker-{runs}runs-{n}.json"
+    path.write_text(json.dumps(samples))
+    print(f"token samples written: {path}", flush=True)
+
+
+def _analyse(labels, readers, sent, journal, cpu, span, finished, samples):
+    """A step's results; with `samples` a list, each token read is appended
+    to it as `[run id, index, sent ns, read ns]`."""
+    (cpu0, cpu1), (t0, t1) = cpu, span
     expected, _ = token_text(TOKENS)
     latencies, lost = [], 0
     by_decile: list[list[float]] = [[] for _ in range(10)]
@@ -214,10 +233,12 @@ def _analyse(labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup
                     continue
                 chunk = json.loads(data)["text"]
                 text.append(chunk)
-                for idx in TOKEN_INDEX.findall(chunk):
-                    if int(idx) in times:
-                        latencies.append((t - times[int(idx)]) / 1e6)
-                        by_decile[int(idx) * 10 // TOKENS].append(latencies[-1])
+                for idx in map(int, TOKEN_INDEX.findall(chunk)):
+                    if idx in times:
+                        latencies.append((t - times[idx]) / 1e6)
+                        by_decile[idx * 10 // TOKENS].append(latencies[-1])
+                        if samples is not None:
+                            samples.append([labels[label], idx, times[idx], t])
             wrong_text += "".join(text) != expected
             if r.times:
                 last_rx = max(last_rx, r.times[-1])
@@ -259,7 +280,6 @@ def _analyse(labels, readers, sent, journal, cpu0, cpu1, t0, t1, finished, setup
         "cpu_ms_per_1k_tokens": {k: v / tokens * 1e6 for k, v in cpu.items()}
         if tokens
         else {},
-        "setup_s": setup_s,
     }
 
 
@@ -597,5 +617,11 @@ if __name__ == "__main__":
         "--runs",
         type=lambda text: [int(n) for n in text.split(",")],
         help="the sweep's steps, e.g. 25,50 (default 25,50,100,150,200; --quick 200)",
+    )
+    parser.add_argument(
+        "--samples",
+        metavar="DIR",
+        help="write every token's send and read times of each step to DIR, "
+        "for bench/latency_stages.py",
     )
     common.bench_main("worker", run, parser)

@@ -38,12 +38,27 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   statement of `_take_and_insert_following` (the runs' last seqs not passed).
 - `tick-probe`: records each tick of the committer (its whole time, its
   `append_many` call, its publish, its events) into
-  `var/bench/tick-probe-<pid>.json`, rewritten every 20 ticks.
+  `var/bench/tick-probe-<pid>.json`, rewritten every second.
+- `bare-end`: NOT a change the product could take, a bound on what one
+  could win: a run's end (`chat.runner._finish`) appends its events and
+  nothing else (no message, no turn update, no queued follow-up).
+- `batched-ends`: runs' ends (`chat.runner._finish`) go to the writer thread
+  together: every end waiting while the last group ran is one job, each end
+  still its own transaction. A sketch for measuring (SQLite and PostgreSQL).
+- `pool-probe`: records each job of the database pools (its pool, its
+  function, when it started, how long it ran and how long it waited in the
+  queue) into `var/bench/pool-probe-<pid>.json`, rewritten every second.
+- `stage-probe`: records, for each token of the fake model (" w0042"), when
+  the worker read it from the model's stream and when the committer
+  published the event holding it, into `var/bench/stage-probe-<pid>.json`,
+  rewritten every second; `bench/latency_stages.py` joins it with the token
+  samples of `bench_worker.py --samples`.
 - `gc-probe`: records each collection of the garbage collector (its
-  generation, how long it took, how many objects it freed, the thread it ran
-  on) into `var/bench/gc-probe-<pid>.json`, rewritten every 50 collections
-  and after each full one, with the frozen objects' count, the thresholds,
-  and after each full collection the oldest generation's objects by type.
+  generation, when it started, how long it took and the CPU its thread spent
+  in it, how many objects it freed, the thread it ran on) into
+  `var/bench/gc-probe-<pid>.json`, rewritten every second, with the frozen
+  objects' count, the thresholds, and after each full collection the oldest
+  generation's objects by type.
 - `uvloop`: the event loop is uvloop's (its policy set before daphne installs
   its asyncio reactor). Only where `whatif.py` stands in for `manage.py`;
   uvloop is not among the requirements (`pip install uvloop` first).
@@ -201,16 +216,22 @@ def apply() -> set[str]:
         from journal import dbpool
 
         _committer_writes_to(dbpool.DBPool("commit", 1))
-    if "loop-commit" in names:
-        _loop_commit()
-    if "tick-probe" in names:
-        _tick_probe()
-    if "gc-probe" in names:
-        _gc_probe()
+    # Applied in this order (the probes wrap what the changes before them set).
+    patches = {
+        "loop-commit": _loop_commit,
+        "tick-probe": _tick_probe,
+        "gc-probe": _gc_probe,
+        "bare-end": _bare_end,
+        "pool-probe": _pool_probe,
+        "batched-ends": _batched_ends,
+        "stage-probe": _stage_probe,
+        "sync-off": _sync_off,
+    }
+    for name, patch in patches.items():
+        if name in names:
+            patch()
     if "async-commit" in names and "pass-through" not in names:
         _async_commit()
-    if "sync-off" in names:
-        _sync_off()
     for name in names:
         if name.startswith("interval:"):
             import chat.writer
@@ -243,27 +264,34 @@ def _probe_file(name: str) -> Path:
 
 def _gc_probe() -> None:
     import gc
-    import json
     import threading
     import time
     from collections import Counter
 
-    path = _probe_file("gc-probe")
-    # One entry per collection: [generation, seconds, collected, thread name].
-    stats: dict[str, Any] = {"whatif": sorted(wanted()), "collections": []}
-    began = 0.0
+    # One entry per collection: [generation, seconds, collected, thread name,
+    # started (time.monotonic(), the clock of the other probes), the thread's
+    # CPU seconds in it (less than its seconds when the thread was descheduled)].
+    stats: dict[str, Any] = {
+        "whatif": sorted(wanted()),
+        "collections": [],
+        "frozen": gc.get_freeze_count(),
+        "threshold": gc.get_threshold(),
+    }
+    began = began_cpu = 0.0
 
     def probe(phase: str, info: dict) -> None:
-        nonlocal began
+        nonlocal began, began_cpu
         if phase == "start":
-            began = time.perf_counter()
+            began, began_cpu = time.monotonic(), time.thread_time()
             return
         stats["collections"].append(
             [
                 info["generation"],
-                time.perf_counter() - began,
+                time.monotonic() - began,
                 info["collected"],
                 threading.current_thread().name,
+                began,
+                time.thread_time() - began_cpu,
             ]
         )
         if info["generation"] == 2:
@@ -275,16 +303,168 @@ def _gc_probe() -> None:
             stats.setdefault("oldest", []).append(
                 [kinds.total(), kinds.most_common(25)]
             )
-        if len(stats["collections"]) % 50 == 0 or info["generation"] == 2:
             stats["frozen"] = gc.get_freeze_count()
-            stats["threshold"] = gc.get_threshold()
-            path.write_text(json.dumps(stats))
 
     gc.callbacks.append(probe)
+    _rewritten("gc-probe", stats)
+
+
+def _bare_end() -> None:
+    import chat.runner
+    from journal.store import append
+
+    def bare_finish(claim, session_id, *, message, events, turn_fields):
+        end_type, end_payload = events[-1]
+        events[-1] = (end_type, {**end_payload, "message_id": None})
+        return append(run_id=claim.run_id, token=claim.token, events=events)
+
+    chat.runner._finish = bare_finish
+
+
+def _batched_ends() -> None:
+    import asyncio
+    import types
+
+    import chat.runner
+    from journal import dbpool
+
+    finish = chat.runner._finish
+    waiting: list = []  # (args, kwargs, future)
+    busy = False
+
+    def run_all(group):
+        outcomes = []
+        for args, kwargs, _future in group:
+            try:
+                outcomes.append((finish(*args, **kwargs), None))
+            except Exception as exc:
+                outcomes.append((None, exc))
+        return outcomes
+
+    async def drain():
+        nonlocal busy
+        busy = True
+        try:
+            while waiting:
+                group = waiting[:]
+                del waiting[:]
+                try:
+                    outcomes = await dbpool.writers.run(run_all, group)
+                except Exception as exc:
+                    outcomes = [(None, exc)] * len(group)
+                futures = [future for _args, _kwargs, future in group]
+                for future, (result, error) in zip(futures, outcomes, strict=True):
+                    if error is not None:
+                        future.set_exception(error)
+                    else:
+                        future.set_result(result)
+        finally:
+            busy = False
+
+    async def run(fn, *args, **kwargs):
+        if fn is not finish:
+            return await dbpool.writers.run(fn, *args, **kwargs)
+        future = asyncio.get_running_loop().create_future()
+        waiting.append((args, kwargs, future))
+        if not busy:
+            asyncio.create_task(drain())
+        return await future
+
+    writers = types.SimpleNamespace(run=run, first=dbpool.writers.first)
+    chat.runner.dbpool = types.SimpleNamespace(  # type: ignore[assignment]
+        writers=writers,
+        readers=dbpool.readers,
+        is_connection_error=dbpool.is_connection_error,
+    )
+
+
+def _rewritten(name: str, stats: dict) -> None:
+    """Rewrite `stats` as var/bench/<name>-<pid>.json every second, from a
+    thread of its own: a server is stopped, not asked, so what it measured
+    last is at most a second old."""
+    import json
+    import threading
+    import time
+
+    path = _probe_file(name)
+
+    def rewrite() -> None:
+        while True:
+            time.sleep(1.0)
+            try:
+                text = json.dumps(stats)
+            except RuntimeError:  # changed while encoded: the next second's
+                continue
+            part = path.with_suffix(".part")
+            part.write_text(text)
+            part.replace(path)  # whole: a server may be stopped mid-write
+
+    threading.Thread(target=rewrite, name=f"{name} writer", daemon=True).start()
+
+
+def _stage_probe() -> None:
+    import re
+    import time
+
+    import chat.runner
+    import chat.writer
+
+    # {run id: {token index: ns}}: when the worker read each token from the
+    # model's stream, and when the committer published the event holding it.
+    stats: dict[str, Any] = {"whatif": sorted(wanted()), "read": {}, "published": {}}
+    read, published = stats["read"], stats["published"]
+    index = re.compile(r"w(\d+)")  # the fake model's token texts: " w0042"
+    token, publish_many = chat.runner._Sink.token, chat.writer.publish_many
+
+    def timed_token(self, text):
+        now = time.monotonic_ns()
+        for i in index.findall(text):
+            read.setdefault(self.writer.run_id, {})[int(i)] = now
+        return token(self, text)
+
+    async def timed_publish(batches, **kwargs):
+        now = time.monotonic_ns()
+        for run_id, records in batches:
+            for record in records:
+                if record.type == "token":
+                    for i in index.findall(record.payload):
+                        published.setdefault(run_id, {})[int(i)] = now
+        return await publish_many(batches, **kwargs)
+
+    chat.runner._Sink.token = timed_token  # type: ignore[method-assign]
+    chat.writer.publish_many = timed_publish
+    _rewritten("stage-probe", stats)
+
+
+def _pool_probe() -> None:
+    import time
+
+    from journal import dbpool
+
+    # One entry per job: [pool, function, started (monotonic s), ran s, queued s].
+    stats: dict[str, Any] = {"whatif": sorted(wanted()), "jobs": []}
+    submit, call = dbpool.DBPool._submit, dbpool.DBPool._call
+
+    async def stamped_submit(self, rank, fn, args, kwargs):
+        kwargs = {**kwargs, "_queued_at": time.monotonic()}
+        return await submit(self, rank, fn, args, kwargs)
+
+    def timed_call(self, context, fn, args, kwargs, idle_s):
+        queued_at = kwargs.pop("_queued_at")
+        began = time.monotonic()
+        try:
+            return call(self, context, fn, args, kwargs, idle_s)
+        finally:
+            name = getattr(fn, "__qualname__", repr(fn))
+            ran = time.monotonic() - began
+            stats["jobs"].append([self.name, name, began, ran, began - queued_at])
+
+    dbpool.DBPool._submit = stamped_submit  # type: ignore[method-assign]
+    dbpool.DBPool._call = timed_call  # type: ignore[method-assign]
+    _rewritten("pool-probe", stats)
 
 
 def _tick_probe() -> None:
-    import json
     import time
 
     import chat.writer
@@ -298,7 +478,6 @@ def _tick_probe() -> None:
         "publish": [],
         "events": [],
     }
-    path = _probe_file("tick-probe")
     commit, append_many = chat.writer._Committer._commit, chat.writer.append_many
     publish_many = chat.writer.publish_many
 
@@ -323,12 +502,11 @@ def _tick_probe() -> None:
             return await commit(self, waiting)
         finally:
             stats["tick"].append(time.perf_counter() - began)
-            if len(stats["tick"]) % 20 == 0:  # a server is stopped, not asked
-                path.write_text(json.dumps(stats))
 
     chat.writer.append_many = timed_append
     chat.writer.publish_many = timed_publish
     chat.writer._Committer._commit = timed_commit  # type: ignore[method-assign]
+    _rewritten("tick-probe", stats)
 
 
 def _committer_writes_to(writers) -> None:
