@@ -32,7 +32,10 @@ from chat.routing import websocket_urlpatterns  # noqa: E402
 from chat.sse import SSEBody, SSEResponse, first_reads  # noqa: E402
 from chat.ws_security import origin_checked  # noqa: E402
 from hermes_site.backpressure import SSEFlow  # noqa: E402
-from hermes_site.heap import freeze_startup_heap  # noqa: E402
+from hermes_site.heap import (  # noqa: E402
+    freeze_startup_heap,
+    pace_full_collections,
+)
 from journal import dbpool  # noqa: E402
 
 WARM_WAIT_S = 3.0  # at most, for the read pool's connections at start-up
@@ -142,6 +145,7 @@ def warm_up() -> None:
     warming = dbpool.readers.warm(first_reads)
     _stream_thread.submit(lambda: None).result()  # the shared thread, started
     freeze_startup_heap()
+    pace_full_collections()
     # Bounded: a database out of reach delays the start by no more than this,
     # and the first request meets the outage as it would have.
     warming.wait(WARM_WAIT_S)

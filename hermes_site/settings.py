@@ -373,6 +373,9 @@ HERMES = {
     "READER_IDLE_CHECK_S": env.float("HERMES_READER_IDLE_CHECK_S", default=2.0),
     # Below common 30-60 s proxy idle limits.
     "SSE_KEEPALIVE_S": env.float("HERMES_SSE_KEEPALIVE_S", default=15.0),
+    # Servers and workers run the garbage collector's full passes this often
+    # (0: when the collector's own rule calls them; hermes_site/heap.py).
+    "GC_FULL_EVERY_S": env.float("HERMES_GC_FULL_EVERY_S", default=60.0),
     # A stream reader whose unsent bytes stay above the per-reader bound this
     # long is closed and resumes from its cursor (hermes_site/backpressure.py).
     "SLOW_READER_S": env.float("HERMES_SLOW_READER_S", default=30.0),

@@ -1,13 +1,16 @@
-"""Start-up's objects stay out of full collections (hermes_site/heap.py), and a
-stream's request cycle is freed without them (hermes_site/asgi.py)."""
+"""Start-up's objects stay out of full collections and full collections are
+paced (hermes_site/heap.py), and a stream's request cycle is freed without
+them (hermes_site/asgi.py)."""
 
 import gc
+import threading
 import time
 
 import httpx
 from django.http import HttpRequest, HttpResponseBase
 
 from chat.sse import SSEResponse
+from hermes_site import heap
 from hermes_testing.harness import running_run
 
 
@@ -20,6 +23,38 @@ def test_the_web_app_start_up_freezes_its_heap(transactional_db):
     assert gc.get_freeze_count() > 10_000
     gc.collect()
     assert gc.get_freeze_count() > 10_000  # a full pass leaves them frozen
+    # and its full collections are paced (HERMES_GC_FULL_EVERY_S, 60 s)
+    assert gc.get_threshold()[2] == heap.UNREACHED
+
+
+def test_full_collections_come_from_the_pacing_thread_only():
+    """Paced, the collector's own rule never calls a full pass (its oldest
+    threshold is out of reach) and the pacing thread runs one each interval;
+    unpaced, the collector's threshold is back."""
+    heap.unpace_full_collections()
+    own = gc.get_threshold()
+    passes: list[str] = []
+    paced = threading.Event()
+
+    def seen(phase: str, info: dict) -> None:
+        if phase == "stop" and info["generation"] == 2:
+            passes.append(threading.current_thread().name)
+            if len(passes) >= 2:
+                paced.set()
+
+    assert heap.pace_full_collections(0) is False
+    assert gc.get_threshold() == own
+    try:
+        assert heap.pace_full_collections(0.05) is True
+        assert gc.get_threshold() == (*own[:2], heap.UNREACHED)
+        gc.callbacks.append(seen)  # from here no thread's own full pass
+        assert paced.wait(30)
+    finally:
+        heap.unpace_full_collections()
+        if seen in gc.callbacks:
+            gc.callbacks.remove(seen)
+    assert set(passes) == {"hermes-gc-full"}
+    assert gc.get_threshold() == own
 
 
 def _requests_and_responses() -> list:

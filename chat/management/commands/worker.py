@@ -22,7 +22,7 @@ from django.core.management.base import BaseCommand
 
 from chat.supervisor import Supervisor
 from chat.worker import Worker
-from hermes_site.heap import freeze_startup_heap
+from hermes_site.heap import freeze_startup_heap, pace_full_collections
 from journal import dbpool, metrics
 
 
@@ -73,6 +73,7 @@ class Command(BaseCommand):
             port = metrics.serve(metrics_port, metrics_host)
             self.stdout.write(f"metrics at http://{metrics_host}:{port}/metrics")
         freeze_startup_heap()
+        pace_full_collections()
         asyncio.run(self._main(concurrency, grace))
         dbpool.shutdown()
 
