@@ -331,6 +331,7 @@ def _batched_ends() -> None:
     finish = chat.runner._finish
     waiting: list = []  # (args, kwargs, future)
     busy = False
+    draining: set[asyncio.Task] = set()  # held: the loop keeps weak references
 
     def run_all(group):
         outcomes = []
@@ -367,7 +368,9 @@ def _batched_ends() -> None:
         future = asyncio.get_running_loop().create_future()
         waiting.append((args, kwargs, future))
         if not busy:
-            asyncio.create_task(drain())
+            task = asyncio.create_task(drain())
+            draining.add(task)
+            task.add_done_callback(draining.discard)
         return await future
 
     writers = types.SimpleNamespace(run=run, first=dbpool.writers.first)
@@ -450,8 +453,8 @@ def _pool_probe() -> None:
         return await submit(self, rank, fn, args, kwargs)
 
     def timed_call(self, context, fn, args, kwargs, idle_s):
-        queued_at = kwargs.pop("_queued_at")
         began = time.monotonic()
+        queued_at = kwargs.pop("_queued_at", began)  # submitted before the probe
         try:
             return call(self, context, fn, args, kwargs, idle_s)
         finally:
