@@ -24,21 +24,19 @@ taken.
 import argparse
 import json
 import statistics
+import sys
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import ROOT, pct  # noqa: E402  (bench_worker's percentiles)
+
 STAGES = (
     "model → worker read",
     "worker read → published",
     "published → reader",
     "model → reader (all)",
 )
-
-
-def pct(values: list[float], p: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(len(ordered) * p / 100))]
 
 
 def load_probe(folder: Path) -> tuple[dict, dict]:
@@ -54,9 +52,9 @@ def load_probe(folder: Path) -> tuple[dict, dict]:
     return read, published
 
 
-def stages(samples: list, read: dict, published: dict) -> list[tuple]:
-    """(sent s from the first send, stage ms ×4) of each token seen by the probe."""
-    t0 = min(sent for _r, _i, sent, _t in samples)
+def stages(samples: list, read: dict, published: dict, t0: int) -> list[tuple]:
+    """(sent s from `t0`, the first send in ns, stage ms ×4) of each token
+    seen by the probe."""
     rows = []
     for run_id, index, sent, got in samples:
         r = read.get(run_id, {}).get(str(index))
@@ -91,7 +89,8 @@ def full_passes(folder: Path, t0_s: float, t1_s: float) -> list[tuple]:
 
 def report(samples: list, folder: Path) -> str:
     read, published = load_probe(folder)
-    rows = stages(samples, read, published)
+    t0 = min(sent for _r, _i, sent, _t in samples)
+    rows = stages(samples, read, published, t0)
     if not rows:
         return "no token of the samples is in the stage probe's files"
     lines = [
@@ -117,7 +116,7 @@ def report(samples: list, folder: Path) -> str:
         f"{means[2]:.1f} ms to the reader; sent at (s after the first send: "
         "reads) " + ", ".join(f"{t:.1f}: {n}" for t, n in sorted(when.items())),
     ]
-    t0_s = min(sent for _r, _i, sent, _t in samples) / 1e9
+    t0_s = t0 / 1e9
     t1_s = max(got for _r, _i, _s, got in samples) / 1e9
     passes = full_passes(folder, t0_s, t1_s)
     if passes:
