@@ -14,11 +14,14 @@ they split each token's latency in three: the model's stream to the worker
 coalescing interval and the journal's commit), the publish to the reader (the
 channel layer, the stream's hub, the SSE write, the reader's socket). Then the
 slowest 1 % of tokens: when they were sent and which stage held them; and,
-when the `gc-probe` ran too, the collector's full passes in the same window.
+from the probes that ran too, in the window from the first of them sent to
+the last read: the event loop's slow callbacks (`loop-probe`), where each
+thread of the process was (`stack-probe`), and the collector's full passes
+(`gc-probe`, over the whole stream).
 
 The probe files are read from var/bench (`--probes`): remove the old ones
 before a run, as every `stage-probe-*.json` and `gc-probe-*.json` there is
-taken.
+taken, and `stack-probe-*.jsonl` and `loop-probe-*.json` too.
 """
 
 import argparse
@@ -87,6 +90,56 @@ def full_passes(folder: Path, t0_s: float, t1_s: float) -> list[tuple]:
     return sorted(passes)
 
 
+def slow_callbacks(folder: Path, a_s: float, b_s: float) -> list[str]:
+    """The `loop-probe`'s callbacks of 0.5 ms or more that started between
+    `a_s` and `b_s`: their count, wall and CPU ms, and the five that took
+    longest in all, by what they ran."""
+    took: Counter = Counter()
+    cpu: Counter = Counter()
+    count = 0
+    for path in sorted(folder.glob("loop-probe-*.json")):
+        for began, seconds, cpu_s, what in json.loads(path.read_text())["callbacks"]:
+            if a_s <= began <= b_s:
+                count += 1
+                took[what] += seconds * 1000
+                cpu[what] += cpu_s * 1000
+    if not count:
+        return []
+    top = "; ".join(
+        f"{what} {ms:.0f} ms ({cpu[what]:.0f} CPU)" for what, ms in took.most_common(5)
+    )
+    return [
+        f"The event loop's callbacks of 0.5 ms or more meanwhile: {count}, "
+        f"{took.total():.0f} ms, {cpu.total():.0f} ms of their thread's CPU; "
+        f"most: {top}"
+    ]
+
+
+def where_threads_were(folder: Path, a_s: float, b_s: float) -> list[str]:
+    """From the `stack-probe`: each thread's share of samples between `a_s`
+    and `b_s` by its three innermost frames (the three most common)."""
+    stacks: dict[int, list[str]] = {}
+    leaves: dict[str, Counter] = {}
+    for path in sorted(folder.glob("stack-probe-*.jsonl")):
+        for line in path.read_text().splitlines():
+            entry = json.loads(line)
+            if entry[0] == "stack":
+                stacks[entry[1]] = entry[2]
+            elif a_s <= entry[0] / 1e9 <= b_s:
+                frames = stacks[entry[2]][-3:]
+                leaves.setdefault(entry[1], Counter())[" ← ".join(frames[::-1])] += 1
+    lines = []
+    for thread, counts in sorted(leaves.items(), key=lambda kv: -kv[1].total()):
+        if len(counts) == 1:
+            continue  # a thread that waited the whole time
+        top = "; ".join(
+            f"{100 * n / counts.total():.0f} % {leaf}"
+            for leaf, n in counts.most_common(3)
+        )
+        lines.append(f"- {thread} ({counts.total()} samples): {top}")
+    return ["Where the threads were meanwhile (stack-probe):", *lines] if lines else []
+
+
 def report(samples: list, folder: Path) -> str:
     read, published = load_probe(folder)
     t0 = min(sent for _r, _i, sent, _t in samples)
@@ -117,6 +170,11 @@ def report(samples: list, folder: Path) -> str:
         "reads) " + ", ".join(f"{t:.1f}: {n}" for t, n in sorted(when.items())),
     ]
     t0_s = t0 / 1e9
+    # From the first slow token's send to the last one's read.
+    a_s = t0_s + min(row[0] for row in slow)
+    b_s = t0_s + max(row[0] + row[4] / 1000 for row in slow)
+    lines += slow_callbacks(folder, a_s, b_s)
+    lines += where_threads_were(folder, a_s, b_s)
     t1_s = max(got for _r, _i, _s, got in samples) / 1e9
     passes = full_passes(folder, t0_s, t1_s)
     if passes:

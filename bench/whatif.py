@@ -45,9 +45,17 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `batched-ends`: runs' ends (`chat.runner._finish`) go to the writer thread
   together: every end waiting while the last group ran is one job, each end
   still its own transaction. A sketch for measuring (SQLite and PostgreSQL).
+- `end-gap:S`: NOT a change the product could take as it is: the writer
+  thread sleeps S seconds after each run's end (`chat.runner._finish`),
+  whatever else waits; with `unpaced-writes`, what finding 34 started from.
+- `rest-per-cpu:K`: the writer pool's paced rests K times the CPU of the
+  job before them (`journal.dbpool.REST_PER_CPU`, 4).
+- `unpaced-writes`: the writer pool's backlog of ordinary writes runs back
+  to back, as before finding 34 (`journal.dbpool`'s pacing off).
 - `pool-probe`: records each job of the database pools (its pool, its
-  function, when it started, how long it ran and how long it waited in the
-  queue) into `var/bench/pool-probe-<pid>.json`, rewritten every second.
+  function, when it started, how long it ran, the CPU its thread spent in
+  it and how long it waited in the queue) into
+  `var/bench/pool-probe-<pid>.json`, rewritten every second.
 - `stage-probe`: records, for each token of the fake model (" w0042"), when
   the worker read it from the model's stream and when the committer
   published the event holding it, into `var/bench/stage-probe-<pid>.json`,
@@ -59,6 +67,16 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   `var/bench/gc-probe-<pid>.json`, rewritten every second, with the frozen
   objects' count, the thresholds, and after each full collection the oldest
   generation's objects by type.
+- `stack-probe`: samples the stack of every thread of the process but its
+  own (the event loop's, the writer's) every 2 ms, each sample's time on the
+  clock of the other probes, into `var/bench/stack-probe-<pid>.jsonl`,
+  appended every second; `bench/latency_stages.py` says where each thread
+  was while the slowest 1 % of tokens waited.
+- `loop-probe`: records each callback of the event loop that ran 0.5 ms
+  or more (when it started on the clock of the other probes, how long it
+  ran, the thread CPU it used, and what it was: a task's coroutine or the
+  callback's name) into `var/bench/loop-probe-<pid>.json`, rewritten every
+  second.
 - `uvloop`: the event loop is uvloop's (its policy set before daphne installs
   its asyncio reactor). Only where `whatif.py` stands in for `manage.py`;
   uvloop is not among the requirements (`pip install uvloop` first).
@@ -212,6 +230,10 @@ def apply() -> set[str]:
         chat.writer.append_many = three_statements
     if "pass-through" in names:
         pass_through()
+    if "unpaced-writes" in names:
+        from journal import dbpool
+
+        dbpool.writers.paced = False
     if "committer-thread" in names:
         from journal import dbpool
 
@@ -225,6 +247,8 @@ def apply() -> set[str]:
         "pool-probe": _pool_probe,
         "batched-ends": _batched_ends,
         "stage-probe": _stage_probe,
+        "stack-probe": _stack_probe,
+        "loop-probe": _loop_probe,
         "sync-off": _sync_off,
     }
     for name, patch in patches.items():
@@ -238,6 +262,12 @@ def apply() -> set[str]:
 
             seconds = float(name.split(":", 1)[1])
             chat.writer.INTERVAL_S = chat.writer.INTERVAL_MAX_S = seconds
+        if name.startswith("rest-per-cpu:"):
+            from journal import dbpool
+
+            dbpool.REST_PER_CPU = float(name.split(":", 1)[1])
+        if name.startswith("end-gap:"):
+            _end_gap(float(name.split(":", 1)[1]))
         if name.startswith("bg-checkpoint:"):
             _bg_checkpoint(float(name.split(":", 1)[1]))
         if name.startswith("switch-interval:"):
@@ -251,7 +281,7 @@ def apply() -> set[str]:
         if name.startswith("writer-threads:"):
             from journal import dbpool
 
-            dbpool.writers = dbpool.DBPool("write", int(name.split(":")[1]))
+            dbpool.writers = dbpool.DBPool("write", int(name.split(":")[1]), paced=True)
     return names
 
 
@@ -319,6 +349,22 @@ def _bare_end() -> None:
         return append(run_id=claim.run_id, token=claim.token, events=events)
 
     chat.runner._finish = bare_finish
+
+
+def _end_gap(seconds: float) -> None:
+    import time
+
+    import chat.runner
+
+    finish = chat.runner._finish
+
+    def spaced_finish(*args, **kwargs):
+        try:
+            return finish(*args, **kwargs)
+        finally:
+            time.sleep(seconds)  # the writer thread off the GIL and the CPU
+
+    chat.runner._finish = spaced_finish
 
 
 def _batched_ends() -> None:
@@ -439,12 +485,102 @@ def _stage_probe() -> None:
     _rewritten("stage-probe", stats)
 
 
+def _stack_probe() -> None:
+    import json
+    import sys
+    import threading
+    import time
+    import types
+
+    # Appended to the file every second, one JSON line per sample:
+    # [ns (time.monotonic_ns), thread name, stack id], and once per new stack
+    # ["stack", id, frames from the outermost to the innermost, each
+    # "folder/file.py:function"]. Appended, not rewritten: the samples of a
+    # long process would make a rewrite the probe's own stall.
+    path = _probe_file("stack-probe").with_suffix(".jsonl")
+    lines: list[str] = []
+    stacks: dict[tuple, int] = {}
+    names: dict[Any, str] = {}  # code object → its frame's name
+
+    def name_of(code) -> str:
+        name = names.get(code)
+        if name is None:
+            where = "/".join(code.co_filename.rsplit("/", 2)[-2:])
+            name = names[code] = f"{where}:{code.co_name}"
+        return name
+
+    def sample() -> None:
+        me = threading.get_ident()
+        while True:
+            time.sleep(0.002)
+            now = time.monotonic_ns()
+            threads = {t.ident: t.name for t in threading.enumerate()}
+            for ident, top in sys._current_frames().items():
+                if ident == me:
+                    continue
+                frames: list[str] = []
+                frame: types.FrameType | None = top
+                while frame is not None and len(frames) < 60:
+                    frames.append(name_of(frame.f_code))
+                    frame = frame.f_back
+                stack = tuple(reversed(frames))
+                sid = stacks.get(stack)
+                if sid is None:
+                    sid = stacks[stack] = len(stacks)
+                    lines.append(json.dumps(["stack", sid, stack]))
+                lines.append(json.dumps([now, threads.get(ident, str(ident)), sid]))
+
+    def append() -> None:
+        with path.open("a") as out:
+            while True:
+                time.sleep(1.0)
+                taken = len(lines)
+                out.write("".join(line + "\n" for line in lines[:taken]))
+                out.flush()
+                del lines[:taken]
+
+    threading.Thread(target=sample, name="stack probe", daemon=True).start()
+    threading.Thread(target=append, name="stack-probe writer", daemon=True).start()
+
+
+def _loop_probe() -> None:
+    import asyncio.events
+    import time
+
+    # One entry per slow callback: [started (time.monotonic()), seconds,
+    # thread CPU seconds, what].
+    stats: dict[str, Any] = {"whatif": sorted(wanted()), "callbacks": []}
+    slow = stats["callbacks"]
+    run = asyncio.events.Handle._run
+
+    def what(handle) -> str:
+        callback = handle._callback
+        owner = getattr(callback, "__self__", None)
+        if isinstance(owner, asyncio.Task):
+            coro = owner.get_coro()
+            return f"task {getattr(coro, '__qualname__', repr(coro))}"
+        return getattr(callback, "__qualname__", repr(callback))
+
+    def timed_run(self):
+        began, cpu = time.monotonic(), time.thread_time()
+        try:
+            return run(self)
+        finally:
+            took = time.monotonic() - began
+            if took >= 0.0005:
+                slow.append([began, took, time.thread_time() - cpu, what(self)])
+
+    asyncio.events.Handle._run = timed_run  # type: ignore[method-assign]
+    _rewritten("loop-probe", stats)
+
+
 def _pool_probe() -> None:
     import time
 
     from journal import dbpool
 
-    # One entry per job: [pool, function, started (monotonic s), ran s, queued s].
+    # One entry per job: [pool, function, started (monotonic s), ran s, queued s,
+    # the thread's CPU s while it ran].
     stats: dict[str, Any] = {"whatif": sorted(wanted()), "jobs": []}
     submit, call = dbpool.DBPool._submit, dbpool.DBPool._call
 
@@ -453,14 +589,15 @@ def _pool_probe() -> None:
         return await submit(self, rank, fn, args, kwargs)
 
     def timed_call(self, context, fn, args, kwargs, idle_s):
-        began = time.monotonic()
+        began, cpu = time.monotonic(), time.thread_time()
         queued_at = kwargs.pop("_queued_at", began)  # submitted before the probe
         try:
             return call(self, context, fn, args, kwargs, idle_s)
         finally:
             name = getattr(fn, "__qualname__", repr(fn))
             ran = time.monotonic() - began
-            stats["jobs"].append([self.name, name, began, ran, began - queued_at])
+            cpu = time.thread_time() - cpu
+            stats["jobs"].append([self.name, name, began, ran, began - queued_at, cpu])
 
     dbpool.DBPool._submit = stamped_submit  # type: ignore[method-assign]
     dbpool.DBPool._call = timed_call  # type: ignore[method-assign]
@@ -472,10 +609,13 @@ def _tick_probe() -> None:
 
     import chat.writer
 
-    # Seconds, one entry per tick: the whole tick (as hermes_journal_tick_seconds),
-    # its append_many call on the writer thread, its publish; events per tick.
+    # Seconds, one entry per tick: when it started (time.monotonic(), the
+    # clock of the other probes), the whole tick (as
+    # hermes_journal_tick_seconds), its append_many call on the writer thread,
+    # its publish; events per tick.
     stats: dict[str, Any] = {
         "whatif": sorted(wanted()),
+        "start": [],
         "tick": [],
         "append": [],
         "publish": [],
@@ -500,6 +640,7 @@ def _tick_probe() -> None:
             stats["publish"].append(time.perf_counter() - began)
 
     async def timed_commit(self, waiting):
+        stats["start"].append(time.monotonic())
         began = time.perf_counter()
         try:
             return await commit(self, waiting)

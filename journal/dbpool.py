@@ -15,6 +15,17 @@ connection. A write never is: whether it committed is unknown, and only the
 caller, which knows how to check that under its fencing token, may retry it
 (`chat.writer`, `chat.runner`).
 
+The writer pool paces a backlog of ordinary writes while runs stream. When many
+runs end at once, their ends queue up on the one writer thread, and back to
+back they would take the GIL and a core from the event loop, whose streams
+still going wait for the committer's next tick (docs/benchmarks.md, finding
+34). So while the committer ticks (a `first` job came in the last
+`STREAMING_S`) and jobs wait behind it, each ordinary job is followed by a
+rest of `REST_PER_CPU` times the CPU it used, at most `REST_MAX_S`, in which
+the thread holds neither the GIL nor a core. The tick never waits for a rest;
+a write with nothing behind it never rests, and once the streams are over
+what is left of a backlog runs back to back.
+
 The pools also note when the database was last out of reach
 (`since_trouble()`): reapers hold off for a lease after that, so a lease that
 lapsed only because the database was away is renewed before anyone may take
@@ -47,6 +58,9 @@ WRITE_THREADS = 1
 PING_IDLE_S = 1.0  # a connection idle this long is checked before it is used
 WARM_GATE_S = 5.0  # how long a thread that warmed up waits for the others
 SLOW_JOB_S = 5.0  # a job this slow counts as trouble too (a frozen server)
+STREAMING_S = 0.1  # a `first` job this recent: the runs' streams are going
+REST_PER_CPU = 4.0  # a paced backlog's rest after a job, per second of its CPU
+REST_MAX_S = 0.005  # the longest rest after a job of a paced backlog
 
 _STOP = object()
 _FIRST, _RUN, _LAST = 0, 1, 2  # ranks of a pool's queue
@@ -104,12 +118,19 @@ def _drop_dead_connections(idle_s: float) -> None:
 
 
 class DBPool:
-    def __init__(self, name: str, size: int, *, retry_once: bool = False):
+    def __init__(
+        self, name: str, size: int, *, retry_once: bool = False, paced: bool = False
+    ):
         self.name = name
         self.size = size
         # Run a job again on a fresh connection after a connection error:
         # only for pools whose jobs are reads.
         self.retry_once = retry_once
+        # A backlog of `run` jobs rests between them (the module's doc).
+        self.paced = paced
+        self._urgent = threading.Event()  # a `first` job came: no rest now
+        self._stopping = threading.Event()  # no rest while the threads stop
+        self._first_at = -STREAMING_S  # time.monotonic() of the last `first` job
         # (rank, order, job): `first` jobs before queued `run` jobs, each in order.
         self._queue: queue.PriorityQueue = queue.PriorityQueue()
         self._order = itertools.count()
@@ -120,6 +141,7 @@ class DBPool:
         with self._lock:
             if self._threads:
                 return
+            self._stopping.clear()
             for i in range(self.size):
                 thread = threading.Thread(
                     target=self._work, name=f"hermes-db-{self.name}-{i}", daemon=True
@@ -130,7 +152,9 @@ class DBPool:
     def _work(self) -> None:
         done_at = time.monotonic()
         while True:
-            _rank, _order, item = self._queue.get()
+            rank, _order, item = self._queue.get()
+            if rank == _FIRST:
+                self._urgent.clear()  # served: a rest after this may be kept
             if item is _STOP:
                 connections.close_all()
                 return
@@ -138,7 +162,23 @@ class DBPool:
                 item.run()
                 done_at = time.monotonic()
                 continue
+            cpu = time.thread_time()
             done_at = self._do(item, done_at)
+            if (
+                self.paced
+                and rank != _FIRST
+                and not self._queue.empty()
+                and time.monotonic() - self._first_at < STREAMING_S
+            ):
+                self._rest(time.thread_time() - cpu)
+
+    def _rest(self, cpu_s: float) -> None:
+        """After a job with others waiting: give the process's other threads
+        the GIL and the core for as long as the job used them, unless a
+        `first` job is waiting (it is the queue's next, and goes now)."""
+        if not self._urgent.is_set() and not self._stopping.is_set():
+            self._urgent.wait(min(cpu_s * REST_PER_CPU, REST_MAX_S))
+        self._urgent.clear()
 
     def _do(self, item, done_at: float) -> float:
         """Run one job and hand its outcome back; when it finished.
@@ -197,6 +237,9 @@ class DBPool:
         # The caller's context travels along, so log lines name the run.
         job = [fn, args, kwargs, future, loop, contextvars.copy_context()]
         self._queue.put((rank, next(self._order), job))
+        if rank == _FIRST:
+            self._first_at = time.monotonic()
+            self._urgent.set()
         return await future
 
     def warm(self, fn: Callable[[], object] | None = None) -> threading.Event:
@@ -230,6 +273,8 @@ class DBPool:
             threads, self._threads = self._threads, []
             for _ in threads:
                 self._queue.put((_LAST, next(self._order), _STOP))
+            self._stopping.set()  # a resting thread goes on to its stop
+            self._urgent.set()
             for thread in threads:
                 thread.join(timeout=10)
 
@@ -284,7 +329,7 @@ def _settle(future: asyncio.Future, result: Any, exc: BaseException | None) -> N
 
 
 readers = DBPool("read", READ_THREADS, retry_once=True)
-writers = DBPool("write", WRITE_THREADS)
+writers = DBPool("write", WRITE_THREADS, paced=True)
 
 
 def shutdown() -> None:
