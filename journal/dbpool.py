@@ -173,9 +173,10 @@ class DBPool:
                 self._rest(time.thread_time() - cpu)
 
     def _rest(self, cpu_s: float) -> None:
-        """After a job with others waiting: give the process's other threads
-        the GIL and the core for as long as the job used them, unless a
-        `first` job is waiting (it is the queue's next, and goes now)."""
+        """After a job with others waiting: leave the GIL and the core to the
+        process's other threads for `REST_PER_CPU` times the CPU the job
+        used (at most `REST_MAX_S`), unless a `first` job is waiting (it is
+        the queue's next, and goes now)."""
         if not self._urgent.is_set() and not self._stopping.is_set():
             self._urgent.wait(min(cpu_s * REST_PER_CPU, REST_MAX_S))
         self._urgent.clear()
