@@ -9,6 +9,7 @@ the bound it waits on.
 """
 
 import asyncio
+import sys
 import threading
 import time
 
@@ -30,6 +31,18 @@ def pool(monkeypatch):
     pool = dbpool.DBPool("paced", 1, paced=True)
     yield pool
     pool.shutdown()
+
+
+def _resting(pool: dbpool.DBPool) -> bool:
+    """Whether the pool's one thread is in a rest now."""
+    [thread] = pool._threads
+    assert thread.ident is not None
+    frame = sys._current_frames().get(thread.ident)
+    while frame is not None:
+        if frame.f_code is dbpool.DBPool._rest.__code__:
+            return True
+        frame = frame.f_back
+    return False
 
 
 def _busy(order: list[str], name: str, cpu_s: float = 0.005):
@@ -63,7 +76,8 @@ def test_a_backlog_rests_and_the_committers_job_goes_first(pool):
         await asyncio.sleep(0)  # both submitted
         gate.set()
         await ends[0]
-        # The thread rests now, "end 2" waiting; the tick goes before it.
+        wait_until(lambda: _resting(pool))  # "end 2" waits behind the rest
+        assert order == ["tick 1", "end 1"]
         tick = pool.first(_busy(order, "tick 2"))
         assert await asyncio.wait_for(tick, 30) == "tick 2"
         await asyncio.wait_for(ends[1], 30)
@@ -129,6 +143,7 @@ def test_stopping_a_resting_pool_does_not_wait_for_the_rest(pool):
         await asyncio.sleep(0)
         gate.set()
         await first
+        wait_until(lambda: _resting(pool))
         second.cancel()  # left waiting behind the rest
         return None
 
