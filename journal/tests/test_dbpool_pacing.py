@@ -22,12 +22,17 @@ LONG_REST_S = 60.0
 
 
 @pytest.fixture
-def pool(monkeypatch):
-    """A paced pool of one thread whose every rest lasts `LONG_REST_S`, its
-    streams going for as long (once a `first` job came)."""
+def long_rests(monkeypatch):
+    """Every rest lasts `LONG_REST_S`, and the streams go for as long once a
+    `first` job came."""
     monkeypatch.setattr(dbpool, "REST_MAX_S", LONG_REST_S)
     monkeypatch.setattr(dbpool, "REST_PER_CPU", 1e9)
     monkeypatch.setattr(dbpool, "STREAMING_S", LONG_REST_S)
+
+
+@pytest.fixture
+def pool(long_rests):
+    """A paced pool of one thread."""
     pool = dbpool.DBPool("paced", 1, paced=True)
     yield pool
     pool.shutdown()
@@ -58,29 +63,34 @@ def _busy(order: list[str], name: str, cpu_s: float = 0.005):
     return job
 
 
-def test_a_backlog_rests_and_the_committers_job_goes_first(pool):
-    order: list[str] = []
+async def _resting_before(pool: dbpool.DBPool, order: list[str]) -> asyncio.Future:
+    """A tick ("tick 1"), then "end 1" run with "end 2" queued behind it;
+    returns once the thread rests after "end 1", with "end 2"'s future."""
+    await pool.first(_busy(order, "tick 1"))  # the runs stream
     gate = threading.Event()
 
+    def held() -> str:  # the thread is busy while the backlog queues
+        gate.wait(30)
+        return _busy(order, "end 1")()
+
+    first = asyncio.ensure_future(pool.run(held))
+    second = asyncio.ensure_future(pool.run(_busy(order, "end 2")))
+    await asyncio.sleep(0)  # both submitted
+    gate.set()
+    await first
+    wait_until(lambda: _resting(pool))  # "end 2" waits behind the rest
+    return second
+
+
+def test_a_backlog_rests_and_the_committers_job_goes_first(pool):
+    order: list[str] = []
+
     async def main() -> None:
-        await pool.first(_busy(order, "tick 1"))  # the runs stream
-
-        def held() -> str:  # the thread is busy while the backlog queues
-            gate.wait(30)
-            return _busy(order, "end 1")()
-
-        ends = [
-            asyncio.ensure_future(pool.run(held)),
-            asyncio.ensure_future(pool.run(_busy(order, "end 2"))),
-        ]
-        await asyncio.sleep(0)  # both submitted
-        gate.set()
-        await ends[0]
-        wait_until(lambda: _resting(pool))  # "end 2" waits behind the rest
+        second = await _resting_before(pool, order)
         assert order == ["tick 1", "end 1"]
         tick = pool.first(_busy(order, "tick 2"))
         assert await asyncio.wait_for(tick, 30) == "tick 2"
-        await asyncio.wait_for(ends[1], 30)
+        await asyncio.wait_for(second, 30)
 
     asyncio.run(main())
     assert order == ["tick 1", "end 1", "tick 2", "end 2"]
@@ -110,9 +120,7 @@ def test_a_job_with_nothing_behind_it_does_not_rest(pool):
     assert order == ["start", "end"]
 
 
-def test_an_unpaced_pool_runs_its_backlog_back_to_back(monkeypatch):
-    monkeypatch.setattr(dbpool, "REST_MAX_S", LONG_REST_S)
-    monkeypatch.setattr(dbpool, "REST_PER_CPU", 1e9)
+def test_an_unpaced_pool_runs_its_backlog_back_to_back(long_rests):
     pool = dbpool.DBPool("unpaced", 1)
     order: list[str] = []
 
@@ -129,23 +137,10 @@ def test_an_unpaced_pool_runs_its_backlog_back_to_back(monkeypatch):
 
 def test_stopping_a_resting_pool_does_not_wait_for_the_rest(pool):
     order: list[str] = []
-    gate = threading.Event()
 
     async def main() -> None:
-        await pool.first(_busy(order, "tick"))
-
-        def held() -> str:
-            gate.wait(30)
-            return _busy(order, "end 1")()
-
-        first = asyncio.ensure_future(pool.run(held))
-        second = asyncio.ensure_future(pool.run(_busy(order, "end 2")))
-        await asyncio.sleep(0)
-        gate.set()
-        await first
-        wait_until(lambda: _resting(pool))
+        second = await _resting_before(pool, order)
         second.cancel()  # left waiting behind the rest
-        return None
 
     asyncio.run(main())
     [thread] = pool._threads
@@ -153,4 +148,4 @@ def test_stopping_a_resting_pool_does_not_wait_for_the_rest(pool):
     stopping.start()
     wait_until(lambda: not thread.is_alive(), timeout=30)
     stopping.join(30)
-    assert order == ["tick", "end 1"]
+    assert order == ["tick 1", "end 1"]
