@@ -426,20 +426,16 @@ def add_topology(parser: argparse.ArgumentParser) -> None:
     )
 
 
-# Steps up to here get `--rounds` rounds of each build; those above, where
-# the serving process nears a full core, one.
-DURABILITY_ROUNDS_MAX_RUNS = 100
-
-
 def _durability_rounds(args, env, token, sweep: list[int], stored: list[dict]):
     """The pass-through build's sweeps, alternating with more of the journal's.
 
     One sweep of each build is one round (the journal's first is the sweep
     above). Two servers measured one after the other differ by more than
     durability costs on a busy two-core machine (one round's "added" at 100
-    runs ranged from +1 % to +22 % over three runs of this bench), so the
-    steps up to `DURABILITY_ROUNDS_MAX_RUNS` take `--rounds` rounds, and each
-    build's latency is the median of its rounds. Which build goes first turns
+    runs ranged from +1 % to +22 % over three runs of this bench, and at 200
+    from 0 % to +28 % over the four rounds of one), so every step takes
+    `--rounds` rounds, and each build's latency is the median of its rounds.
+    Which build goes first turns
     round each round (journal and pass-through, then pass-through and
     journal, …): whatever drifts over a sweep (the machine's load, the
     database's size) weighs on both builds alike.
@@ -447,16 +443,14 @@ def _durability_rounds(args, env, token, sweep: list[int], stored: list[dict]):
     rounds_of: dict[int, tuple[list[dict], list[dict]]] = {
         c["runs"]: ([c], []) for c in stored
     }
-    many = [n for n in sweep if n <= DURABILITY_ROUNDS_MAX_RUNS] or sweep
     for i in range(args.rounds):
-        steps = sweep if i == 0 else many
         pair = [(0, ""), (1, PASS_THROUGH)]  # (side, patch): journal, pass-through
         if i == 0:
             pair = pair[1:]  # the journal's first round is the sweep above
         elif i % 2:
             pair.reverse()
         for side, patch in pair:
-            for c in asyncio.run(_main(args, env, token, steps, patch=patch)):
+            for c in asyncio.run(_main(args, env, token, sweep, patch=patch)):
                 rounds_of[c["runs"]][side].append(c)
     return [_compare(n, *rounds_of[n]) for n in sweep]
 
@@ -472,6 +466,10 @@ def _compare(runs: int, stored: list[dict], through: list[dict]) -> dict:
     for q in ("p50_ms", "p99_ms"):
         out[q] = {"journal": median(stored, q), "through": median(through, q)}
         out[q]["added"] = added(out[q]["journal"], out[q]["through"])
+    out["p99_ms_by_round"] = {
+        "journal": [c["p99_ms"] for c in stored],
+        "through": [c["p99_ms"] for c in through],
+    }
     out["p50_added_by_round"] = [
         added(s["p50_ms"], t["p50_ms"]) for s, t in zip(stored, through, strict=False)
     ]
@@ -494,6 +492,7 @@ def _durability(compared: list[dict]) -> str:
             c["p99_ms"]["through"],
             pct(c["p99_ms"]["added"]),
             " / ".join(pct(x) for x in c["p50_added_by_round"]),
+            " / ".join(f"{x:,.0f}" for x in c["p99_ms_by_round"]["journal"]),
             c["lost_or_duplicated"],
         ]
         for c in compared
@@ -509,6 +508,7 @@ def _durability(compared: list[dict]) -> str:
             "p99 ms, pass-through",
             "added",
             "p50 added, round by round",
+            "p99 ms of the journal's rounds",
             "lost + duplicated",
         ],
         rows,
@@ -539,7 +539,7 @@ server of its own: the same worker and readers, but the committer's
 appends store nothing after a run's first batch (`bench/whatif.py`,
 `{PASS_THROUGH}`: seqs counted in memory, the records published as committed
 ones are, after the same hand-off to the writer thread; NOT product code).
-Steps up to {DURABILITY_ROUNDS_MAX_RUNS} runs take {args.rounds} rounds, which build
+Each step takes {args.rounds} round{"s" if args.rounds > 1 else ""}, which build
 goes first turning round each round (journal and pass-through, then
 pass-through and journal, …); each build's figure is the median of its
 rounds, and "added" is the journal's latency over the pass-through's. The

@@ -125,7 +125,18 @@ def _cells(backend: str) -> dict[str, str]:
             out["worker"] += "; p99 at " + ", ".join(
                 f"{c['runs']} runs {c['p99_ms']:,.0f} ms" for c in r["sweep"][:-1]
             )
-        if compared := r.get("durability"):
+        compared = r.get("durability")
+        top = compared[-1] if compared else {}
+        if (rounds := top.get("p99_ms_by_round", {}).get("journal", [])) and len(
+            rounds
+        ) > 1:
+            out["worker"] += (
+                f"; p99 at {top['runs']} runs in each of the journal's "
+                f"{len(rounds)} rounds: "
+                + " / ".join(f"{x:,.0f}" for x in rounds)
+                + " ms"
+            )
+        if compared:
             out["durability"] = (
                 "; ".join(
                     f"{c['runs']} runs: p50 {_versus(c['p50_ms'])}, "
