@@ -341,7 +341,14 @@ async def _main(
             # each worker taking at most its share of the largest step.
             ports += [common.free_port() for _ in range(args.daphnes - 1)]
             for i, web_port in enumerate(ports):
-                procs[_name("daphne", i)] = common.daphne(server_env, web_port)
+                procs[_name("daphne", i)] = common.daphne(
+                    server_env,
+                    web_port,
+                    # An A/B's what-ifs and probes reach daphne too.
+                    "bench.whatif:application"
+                    if "HERMES_BENCH_MANAGE" in server_env
+                    else "hermes_site.asgi:application",
+                )
             share = -(-max(sweep) // args.workers)
             metric_ports = [common.free_port() for _ in range(args.workers)]
             for i, metrics_port in enumerate(metric_ports):

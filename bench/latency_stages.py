@@ -94,40 +94,51 @@ def slow_callbacks(folder: Path, a_s: float, b_s: float) -> list[str]:
     """The `loop-probe`'s callbacks of 0.5 ms or more that started between
     `a_s` and `b_s`: their count, wall and CPU ms, and the five that took
     longest in all, by what they ran."""
-    took: Counter = Counter()
-    cpu: Counter = Counter()
-    count = 0
+    lines = []
     for path in sorted(folder.glob("loop-probe-*.json")):
+        took: Counter = Counter()
+        cpu: Counter = Counter()
+        count = 0
         for began, seconds, cpu_s, what in json.loads(path.read_text())["callbacks"]:
             if a_s <= began <= b_s:
                 count += 1
                 took[what] += seconds * 1000
                 cpu[what] += cpu_s * 1000
-    if not count:
-        return []
-    top = "; ".join(
-        f"{what} {ms:.0f} ms ({cpu[what]:.0f} CPU)" for what, ms in took.most_common(5)
-    )
-    return [
-        f"The event loop's callbacks of 0.5 ms or more meanwhile: {count}, "
-        f"{took.total():.0f} ms, {cpu.total():.0f} ms of their thread's CPU; "
-        f"most: {top}"
-    ]
+        if not count:
+            continue
+        top = "; ".join(
+            f"{what} {ms:.0f} ms ({cpu[what]:.0f} CPU)"
+            for what, ms in took.most_common(5)
+        )
+        lines.append(
+            f"The event loop's callbacks of 0.5 ms or more meanwhile "
+            f"({_process(path)}): {count}, {took.total():.0f} ms, "
+            f"{cpu.total():.0f} ms of their thread's CPU; most: {top}"
+        )
+    return lines
+
+
+def _process(path: Path) -> str:
+    """The process a probe's file is of: "worker 1234" from
+    `loop-probe-worker-1234.json` (`bench/whatif.py`'s `_probe_file`)."""
+    role, pid = path.stem.rsplit("-", 2)[-2:]
+    return f"{role} {pid}"
 
 
 def where_threads_were(folder: Path, a_s: float, b_s: float) -> list[str]:
     """From the `stack-probe`: each thread's share of samples between `a_s`
     and `b_s` by its three innermost frames (the three most common)."""
-    stacks: dict[int, list[str]] = {}
     leaves: dict[str, Counter] = {}
     for path in sorted(folder.glob("stack-probe-*.jsonl")):
+        stacks: dict[int, list[str]] = {}  # a process's own ids
         for line in path.read_text().splitlines():
             entry = json.loads(line)
             if entry[0] == "stack":
                 stacks[entry[1]] = entry[2]
             elif a_s <= entry[0] / 1e9 <= b_s:
                 frames = stacks[entry[2]][-3:]
-                leaves.setdefault(entry[1], Counter())[" ← ".join(frames[::-1])] += 1
+                thread = f"{_process(path)}: {entry[1]}"
+                leaves.setdefault(thread, Counter())[" ← ".join(frames[::-1])] += 1
     lines = []
     for thread, counts in sorted(leaves.items(), key=lambda kv: -kv[1].total()):
         if len(counts) == 1:

@@ -38,7 +38,7 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   statement of `_take_and_insert_following` (the runs' last seqs not passed).
 - `tick-probe`: records each tick of the committer (its whole time, its
   `append_many` call, its publish, its events) into
-  `var/bench/tick-probe-<pid>.json`, rewritten every second.
+  `var/bench/tick-probe-<role>-<pid>.json`, rewritten every second.
 - `bare-end`: NOT a change the product could take, a bound on what one
   could win: a run's end (`chat.runner._finish`) appends its events and
   nothing else (no message, no turn update, no queued follow-up).
@@ -55,27 +55,27 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `pool-probe`: records each job of the database pools (its pool, its
   function, when it started, how long it ran, the CPU its thread spent in
   it and how long it waited in the queue) into
-  `var/bench/pool-probe-<pid>.json`, rewritten every second.
+  `var/bench/pool-probe-<role>-<pid>.json`, rewritten every second.
 - `stage-probe`: records, for each token of the fake model (" w0042"), when
   the worker read it from the model's stream and when the committer
-  published the event holding it, into `var/bench/stage-probe-<pid>.json`,
+  published the event holding it, into `var/bench/stage-probe-<role>-<pid>.json`,
   rewritten every second; `bench/latency_stages.py` joins it with the token
   samples of `bench_worker.py --samples`.
 - `gc-probe`: records each collection of the garbage collector (its
   generation, when it started, how long it took and the CPU its thread spent
   in it, how many objects it freed, the thread it ran on) into
-  `var/bench/gc-probe-<pid>.json`, rewritten every second, with the frozen
+  `var/bench/gc-probe-<role>-<pid>.json`, rewritten every second, with the frozen
   objects' count, the thresholds, and after each full collection the oldest
   generation's objects by type.
 - `stack-probe`: samples the stack of every thread of the process but its
   own (the event loop's, the writer's) every 2 ms, each sample's time on the
-  clock of the other probes, into `var/bench/stack-probe-<pid>.jsonl`,
+  clock of the other probes, into `var/bench/stack-probe-<role>-<pid>.jsonl`,
   appended every second; `bench/latency_stages.py` says where each thread
   was while the slowest 1 % of tokens waited.
 - `loop-probe`: records each callback of the event loop that ran 0.5 ms
   or more (when it started on the clock of the other probes, how long it
   ran, the thread CPU it used, and what it was: a task's coroutine or the
-  callback's name) into `var/bench/loop-probe-<pid>.json`, rewritten every
+  callback's name) into `var/bench/loop-probe-<role>-<pid>.json`, rewritten every
   second.
 - `uvloop`: the event loop is uvloop's (its policy set before daphne installs
   its asyncio reactor). Only where `whatif.py` stands in for `manage.py`;
@@ -106,7 +106,10 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 
 Used two ways: `python bench/whatif.py <manage.py arguments>` (a stand-in for
 `manage.py`, see `HERMES_BENCH_MANAGE` in common.py) and
-`daphne bench.whatif:application`.
+`daphne bench.whatif:application` (`bench_worker.py` starts its scale-out
+daphne processes that way when `HERMES_BENCH_MANAGE` is set, so what-ifs and probes
+reach them too). A probe's file names its process's role: `daphne`, or the
+command this file stood in `manage.py` for (`serve`, `worker`).
 """
 
 import os
@@ -286,8 +289,11 @@ def apply() -> set[str]:
 
 
 def _probe_file(name: str) -> Path:
-    """Where a probe of this process rewrites its JSON: var/bench/<name>-<pid>.json."""
-    path = ROOT / "var" / "bench" / f"{name}-{os.getpid()}.json"
+    """Where a probe of this process rewrites its JSON:
+    var/bench/<name>-<role>-<pid>.json, the role `daphne` or the command
+    this file stands in `manage.py` for (`serve`, `worker`)."""
+    role = "daphne" if __name__ == "bench.whatif" else (sys.argv[1:2] or ["py"])[0]
+    path = ROOT / "var" / "bench" / f"{name}-{role}-{os.getpid()}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     return path
 
@@ -428,7 +434,7 @@ def _batched_ends() -> None:
 
 
 def _rewritten(name: str, stats: dict) -> None:
-    """Rewrite `stats` as var/bench/<name>-<pid>.json every second, from a
+    """Rewrite `stats` as var/bench/<name>-<role>-<pid>.json every second, from a
     thread of its own: a server is stopped, not asked, so what it measured
     last is at most a second old."""
     import json
