@@ -15,8 +15,8 @@ coalescing interval and the journal's commit), the publish to the reader (the
 channel layer, the stream's hub, the SSE write, the reader's socket). Then the
 slowest 1 % of tokens: when they were sent and which stage held them; and,
 from the probes that ran too, in the window from the first of them sent to
-the last read: the event loop's slow callbacks (`loop-probe`), where each
-thread of the process was (`stack-probe`), and the collector's full passes
+the last read: the event loops' slow callbacks (`loop-probe`), where each
+thread of each probed process was (`stack-probe`), and the collector's full passes
 (`gc-probe`, over the whole stream).
 
 The probe files are read from var/bench (`--probes`): remove the old ones
@@ -92,8 +92,8 @@ def full_passes(folder: Path, t0_s: float, t1_s: float) -> list[tuple]:
 
 def slow_callbacks(folder: Path, a_s: float, b_s: float) -> list[str]:
     """The `loop-probe`'s callbacks of 0.5 ms or more that started between
-    `a_s` and `b_s`: their count, wall and CPU ms, and the five that took
-    longest in all, by what they ran."""
+    `a_s` and `b_s`, a line for each probed process: their count, wall and
+    CPU ms, and the five that took longest in all, by what they ran."""
     lines = []
     for path in sorted(folder.glob("loop-probe-*.json")):
         took: Counter = Counter()

@@ -127,9 +127,8 @@ def _cells(backend: str) -> dict[str, str]:
             )
         compared = r.get("durability")
         top = compared[-1] if compared else {}
-        if (rounds := top.get("p99_ms_by_round", {}).get("journal", [])) and len(
-            rounds
-        ) > 1:
+        rounds = top.get("p99_ms_by_round", {}).get("journal", [])
+        if len(rounds) > 1:
             out["worker"] += (
                 f"; p99 at {top['runs']} runs in each of the journal's "
                 f"{len(rounds)} rounds: "
