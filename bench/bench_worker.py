@@ -442,10 +442,9 @@ def _durability_rounds(args, env, token, sweep: list[int], stored: list[dict]):
     runs ranged from +1 % to +22 % over three runs of this bench, and at 200
     from 0 % to +28 % over the four rounds of one), so every step takes
     `--rounds` rounds, and each build's latency is the median of its rounds.
-    Which build goes first turns
-    round each round (journal and pass-through, then pass-through and
-    journal, …): whatever drifts over a sweep (the machine's load, the
-    database's size) weighs on both builds alike.
+    Which build goes first turns round each round (journal and pass-through,
+    then pass-through and journal, …): whatever drifts over a sweep (the
+    machine's load, the database's size) weighs on both builds alike.
     """
     rounds_of: dict[int, tuple[list[dict], list[dict]]] = {
         c["runs"]: ([c], []) for c in stored

@@ -16,8 +16,8 @@ channel layer, the stream's hub, the SSE write, the reader's socket). Then the
 slowest 1 % of tokens: when they were sent and which stage held them; and,
 from the probes that ran too, in the window from the first of them sent to
 the last read: the event loops' slow callbacks (`loop-probe`), where each
-thread of each probed process was (`stack-probe`), and the collector's full passes
-(`gc-probe`, over the whole stream).
+thread of each probed process was (`stack-probe`), and the collector's full
+passes (`gc-probe`, over the whole stream).
 
 The probe files are read from var/bench (`--probes`): remove the old ones
 before a run, as every `stage-probe-*.json` and `gc-probe-*.json` there is

@@ -58,15 +58,16 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   `var/bench/pool-probe-<role>-<pid>.json`, rewritten every second.
 - `stage-probe`: records, for each token of the fake model (" w0042"), when
   the worker read it from the model's stream and when the committer
-  published the event holding it, into `var/bench/stage-probe-<role>-<pid>.json`,
-  rewritten every second; `bench/latency_stages.py` joins it with the token
-  samples of `bench_worker.py --samples`.
+  published the event holding it, into
+  `var/bench/stage-probe-<role>-<pid>.json`, rewritten every second;
+  `bench/latency_stages.py` joins it with the token samples of
+  `bench_worker.py --samples`.
 - `gc-probe`: records each collection of the garbage collector (its
   generation, when it started, how long it took and the CPU its thread spent
   in it, how many objects it freed, the thread it ran on) into
-  `var/bench/gc-probe-<role>-<pid>.json`, rewritten every second, with the frozen
-  objects' count, the thresholds, and after each full collection the oldest
-  generation's objects by type.
+  `var/bench/gc-probe-<role>-<pid>.json`, rewritten every second, with the
+  frozen objects' count, the thresholds, and after each full collection the
+  oldest generation's objects by type.
 - `stack-probe`: samples the stack of every thread of the process but its
   own (the event loop's, the writer's) every 2 ms, each sample's time on the
   clock of the other probes, into `var/bench/stack-probe-<role>-<pid>.jsonl`,
@@ -75,8 +76,8 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `loop-probe`: records each callback of the event loop that ran 0.5 ms
   or more (when it started on the clock of the other probes, how long it
   ran, the thread CPU it used, and what it was: a task's coroutine or the
-  callback's name) into `var/bench/loop-probe-<role>-<pid>.json`, rewritten every
-  second.
+  callback's name) into `var/bench/loop-probe-<role>-<pid>.json`, rewritten
+  every second.
 - `uvloop`: the event loop is uvloop's (its policy set before daphne installs
   its asyncio reactor). Only where `whatif.py` stands in for `manage.py`;
   uvloop is not among the requirements (`pip install uvloop` first).
@@ -107,9 +108,9 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 Used two ways: `python bench/whatif.py <manage.py arguments>` (a stand-in for
 `manage.py`, see `HERMES_BENCH_MANAGE` in common.py) and
 `daphne bench.whatif:application` (`bench_worker.py` starts its scale-out
-daphne processes that way when `HERMES_BENCH_MANAGE` is set, so what-ifs and probes
-reach them too). A probe's file names its process's role: `daphne`, or the
-command this file stood in `manage.py` for (`serve`, `worker`).
+daphne processes that way when `HERMES_BENCH_MANAGE` is set, so what-ifs and
+probes reach them too). A probe's file names its process's role: `daphne`,
+or the command this file stood in `manage.py` for (`serve`, `worker`).
 """
 
 import os
@@ -434,8 +435,8 @@ def _batched_ends() -> None:
 
 
 def _rewritten(name: str, stats: dict) -> None:
-    """Rewrite `stats` as var/bench/<name>-<role>-<pid>.json every second, from a
-    thread of its own: a server is stopped, not asked, so what it measured
+    """Rewrite `stats` as var/bench/<name>-<role>-<pid>.json every second,
+    from a thread of its own: a server is stopped, not asked, so what it measured
     last is at most a second old."""
     import json
     import threading
