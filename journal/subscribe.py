@@ -12,9 +12,10 @@ Readers hold no thread and no connection: journal reads go through
 """
 
 import asyncio
+import functools
 import logging
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -25,7 +26,7 @@ from .leases import run_settle
 from .models import Run
 from .outages import CHANNEL_LAYER, DATABASE, DATABASE_ERRORS, Backoff, outage
 from .publish import group_name, publish
-from .store import READ_PAGE, Record, read_after, run_state
+from .store import READ_PAGE, FramePage, Record, read_after, read_frames, run_state
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +37,10 @@ WINDOW_BYTES = 4 * 1024 * 1024  # and about this many payload bytes, at most twi
 # A reader behind the window reads pages of about this many bytes (two at most:
 # one being sent, one prefetched), so it costs well under 1 MiB.
 PAGE_BYTES = 64 * 1024
+# A page the database writes out as frames (`_JournalPages`) is one write: the
+# more records it holds, the less each costs the serving process, and a
+# replaying reader holds two at most (docs/benchmarks.md, finding 36).
+FRAME_PAGE_BYTES = 128 * 1024
 PAGE_FIRST_ROWS = 256  # before a reader has seen how large this run's events are
 HUB_RETRY_S = 1.0  # before replacing a hub whose follow task failed (a bug: logged)
 DB_RETRY_CAP_S = 2.0  # journal reads retried at least this often while the DB is down
@@ -305,7 +310,7 @@ class HubRegistry:
 
     def __init__(self):
         self._hubs: dict[str, RunHub] = {}
-        self._pages: dict[tuple[str, int, int], asyncio.Future] = {}
+        self._pages: dict[tuple, asyncio.Future] = {}
 
     def __len__(self) -> int:
         return len(self._hubs)
@@ -335,15 +340,23 @@ class HubRegistry:
             await hub.stop()
 
     async def page(
-        self, run_id: str, after_seq: int, limit: int = READ_PAGE
-    ) -> list[Record]:
-        """One journal page; concurrent readers at the same position share the query."""
-        key = (run_id, after_seq, limit)
+        self,
+        run_id: str,
+        after_seq: int,
+        limit: int = READ_PAGE,
+        template: str | None = None,
+    ) -> list[Record] | FramePage:
+        """One journal page, as records or (`template`) as the database's frames;
+        concurrent readers at the same position share the query."""
+        key = (run_id, after_seq, limit, template)
         future = self._pages.get(key)
         if future is None:
+            read: Callable[..., list[Record] | FramePage] = read_after
+            if template is not None:
+                read = functools.partial(read_frames, template=template)
             future = asyncio.ensure_future(
                 dbpool.readers.run(
-                    read_after, run_id=run_id, after_seq=after_seq, limit=limit
+                    read, run_id=run_id, after_seq=after_seq, limit=limit
                 )
             )
             self._pages[key] = future
@@ -356,33 +369,43 @@ class _JournalPages:
 
     Pages are bounded in bytes as well as rows (`PAGE_BYTES`, from the sizes
     the previous page had), so a reader far behind the hub's window holds at
-    most two pages of its own whatever the events weigh.
+    most two pages of its own whatever the events weigh. With a `template`
+    (a format the database can write out, `wire.Format.template`) a page is
+    a `FramePage` of about `FRAME_PAGE_BYTES`: one write, made by the database.
     """
 
-    def __init__(self, registry: HubRegistry, run_id: str):
-        self.registry, self.run_id = registry, run_id
+    def __init__(self, registry: HubRegistry, run_id: str, template: str | None):
+        self.registry, self.run_id, self.template = registry, run_id, template
         self._next: tuple[int, asyncio.Future] | None = None
         self.limit = PAGE_FIRST_ROWS
 
-    async def after(self, cursor: int, *, prefetch_below: int) -> list[Record]:
+    async def after(
+        self, cursor: int, *, prefetch_below: int
+    ) -> list[Record] | FramePage:
         if self._next is not None and self._next[0] == cursor:
             future = self._next[1]
             self._next = None
         else:
             self.close()
             future = self._read(cursor)
-        batch = await future
-        full = len(batch) == self.limit
-        if batch:
-            size = sum(len(r.payload) for r in batch) / len(batch) + 64
-            self.limit = max(1, min(READ_PAGE, int(PAGE_BYTES / size)))
-        if full and batch[-1].seq < prefetch_below:
-            after = batch[-1].seq
-            self._next = (after, self._read(after))
-        return batch
+        page = await future
+        if isinstance(page, FramePage):
+            count, last, size = page.rows, page.last_seq, len(page.data)
+            goal = FRAME_PAGE_BYTES
+        else:
+            count, last, goal = len(page), page[-1].seq if page else 0, PAGE_BYTES
+            size = sum(len(r.payload) for r in page) + 64 * count
+        full = count == self.limit
+        if count:
+            self.limit = max(1, min(READ_PAGE, int(goal * count / size)))
+        if full and last < prefetch_below:
+            self._next = (last, self._read(last))
+        return page
 
     def _read(self, after: int) -> asyncio.Future:
-        return asyncio.ensure_future(self.registry.page(self.run_id, after, self.limit))
+        return asyncio.ensure_future(
+            self.registry.page(self.run_id, after, self.limit, self.template)
+        )
 
     def close(self) -> None:
         if self._next is not None:
@@ -441,6 +464,13 @@ def _parts(batch: list[Record]) -> list[list[Record]]:
     return parts
 
 
+def _replayed(started: float) -> float:
+    """A batch is out: the first after `started` (if set) is the replay's latency."""
+    if started:
+        metrics.REPLAY_FIRST_BATCH_S.observe(time.monotonic() - started)
+    return 0.0
+
+
 async def _stream(
     run_id: str, after_seq: int, idle_s: float | None, fmt: wire.Format | None
 ) -> AsyncGenerator[list]:
@@ -456,6 +486,7 @@ async def _stream(
     pages: _JournalPages | None = None  # while the reader is behind the window
     backoff = Backoff(first=0.2, cap=DB_RETRY_CAP_S)
     shared: RunHub | None
+    page: list[Record] | FramePage | None
     batch: list[Record] | None
     part: list[Record] | None
     try:
@@ -464,9 +495,11 @@ async def _stream(
         cursor = after_seq
         while hub.end_seq is None or cursor < hub.end_seq:
             if cursor < hub.base:
-                pages = pages or _JournalPages(registry, run_id)
+                pages = pages or _JournalPages(
+                    registry, run_id, fmt.template if fmt else None
+                )
                 try:
-                    batch = await pages.after(cursor, prefetch_below=hub.base)
+                    page = await pages.after(cursor, prefetch_below=hub.base)
                 except DATABASE_ERRORS as exc:
                     if not dbpool.is_connection_error(exc):
                         raise
@@ -475,7 +508,17 @@ async def _stream(
                     await asyncio.sleep(backoff.next_delay())
                     continue
                 backoff.reset()
-                shared = None
+                if isinstance(page, FramePage):  # one write, made by the database
+                    if not page.rows:  # the journal has less than the hub knew
+                        return
+                    cursor = page.last_seq
+                    keepalive_at = None
+                    started = _replayed(started)
+                    yield [page.data]
+                    if page.ended:
+                        return
+                    continue
+                batch, shared = page, None
             elif cursor < hub.tail:
                 start = cursor - hub.base
                 batch = hub.window[start : start + READ_PAGE]
@@ -495,7 +538,7 @@ async def _stream(
                 if pages is not None:
                     pages.close()
                     pages = None
-                batch = part = None
+                page = batch = part = None
                 if keepalive_at is None:
                     keepalive_at = clock() + idle_s
                 elif clock() >= keepalive_at:
@@ -508,9 +551,7 @@ async def _stream(
                 return
             cursor = batch[-1].seq
             keepalive_at = None
-            if started:
-                metrics.REPLAY_FIRST_BATCH_S.observe(time.monotonic() - started)
-                started = 0.0
+            started = _replayed(started)
             if fmt is None:
                 yield batch
             else:

@@ -46,15 +46,13 @@ def sse_frame(run_id: str, record: Record) -> str:
 
 
 def sse_frames(run_id: str, records: Iterable[Record]) -> str:
-    """`sse_frame` of each record, joined. The frame is written out again in
-    one comprehension, not a call per record: replay encodes hundreds of
-    thousands a second (journal/tests/test_wire.py holds the two to the same bytes)."""
-    return "".join(
-        [
-            f"id: {run_id}:{seq}\nevent: {type_}\ndata: {payload}\n\n"
-            for seq, type_, payload in records
-        ]
-    )
+    """`sse_frame` of each record, joined: what a page of them is on the wire."""
+    return "".join([sse_frame(run_id, record) for record in records])
+
+
+# `sse_frame` as a template the database fills in for a replay's journal pages
+# (`journal.store.read_frames`): run, seq, type, payload.
+SSE_TEMPLATE = "id: %s:%s\nevent: %s\ndata: %s\n\n"
 
 
 def sse_retry(retry_ms: int) -> str:
@@ -109,14 +107,16 @@ class Format:
     and format and hands the same objects to every reader of that hub, so a
     frame must depend on the run and the record only. `joined`: the frames of
     a batch are one write (UTF-8 bytes); else one write (a text message) each.
-    `many` (joined formats): many records' frames, joined, in one call (the
-    same text as joining `frame`'s), for journal pages no other reader shares.
+    `template` (joined formats): `frame` as four `%s` (run, seq, type,
+    payload) for the database to fill in, so that a journal page no other
+    reader shares reaches its reader as one write the database made
+    (`journal.store.read_frames`).
     """
 
     name: str
     frame: Callable[[str, Record], str]
     joined: bool
-    many: Callable[[str, Sequence[Record]], str] | None = None
+    template: str | None = None
 
     def writes(self, frames: Sequence[str]) -> list:
         """`frames` as this format's writes, in order."""
@@ -124,13 +124,11 @@ class Format:
 
     def encode(self, run_id: str, records: Sequence[Record]) -> list:
         """`records`' writes, encoded here and now."""
-        if self.many is not None:
-            return [self.many(run_id, records).encode()]
         return self.writes([self.frame(run_id, r) for r in records])
 
 
 # SSE: a batch's frames as one write. JSON frames: one WebSocket message each.
-SSE = Format("sse", sse_frame, joined=True, many=sse_frames)
+SSE = Format("sse", sse_frame, joined=True, template=SSE_TEMPLATE)
 JSON_FRAMES = Format("json", json_frame, joined=False)
 
 

@@ -5,10 +5,18 @@ from django.db import connection, transaction
 from django.test.utils import CaptureQueriesContext
 
 from hermes_testing.harness import running_run
+from journal import wire
 from journal.events import InvalidEvent
 from journal.leases import run_claim_next, run_settle
 from journal.models import Event, Run
-from journal.store import AppendRejected, append, append_many, read_after
+from journal.store import (
+    AppendRejected,
+    FramePage,
+    append,
+    append_many,
+    read_after,
+    read_frames,
+)
 
 
 def _tokens(n, start=0):
@@ -168,6 +176,45 @@ def test_append_many_stores_any_text_exactly_and_numbers_each_run_on(alice, know
             f"{i}:{text}" for text in awkward
         ]
         assert Run.objects.get(id=run.id).last_seq == len(stored)
+
+
+def test_the_database_writes_a_page_out_as_the_frames_of_its_records(alice):
+    """`read_frames` is `read_after` encoded by `wire.SSE`, byte for byte, in
+    seq order, whatever the payloads hold; it says where the page ends and
+    whether it holds the run's `end`."""
+    run = running_run(alice[0])
+    texts = [
+        "plain",
+        "%s %d %% %(x)s",  # what printf and format would read as directives
+        "ünïcödé 你好 🙂",
+        'quote " backslash \\ ',
+        "line\nbreak \u2028",
+        "",
+    ]
+    for i in range(0, 600, 60):  # rows written in batches, as a worker does
+        append(
+            run_id=run.id,
+            token=1,
+            events=[("token", {"text": f"{i + j}:{texts[j % 6]}"}) for j in range(60)],
+        )
+    end = {"status": "completed", "terminal_state": "completed"}
+    append(run_id=run.id, token=1, events=[("end", end)])
+
+    def page(after_seq, limit):
+        return read_frames(
+            run_id=run.id, after_seq=after_seq, limit=limit, template=wire.SSE_TEMPLATE
+        )
+
+    for after_seq, limit in [(0, 2000), (0, 7), (123, 250), (590, 20), (600, 5)]:
+        records = read_after(run_id=run.id, after_seq=after_seq, limit=limit)
+        assert page(after_seq, limit) == FramePage(
+            rows=len(records),
+            last_seq=records[-1].seq,
+            data=wire.sse_frames(run.id, records).encode(),
+            ended=records[-1].type == "end",
+        )
+    assert [page(590, 10).ended, page(590, 11).ended] == [False, True]
+    assert page(601, 10) == FramePage(rows=0, last_seq=0, data=b"", ended=False)
 
 
 def test_append_many_refuses_an_ended_run_and_a_run_twice(alice):

@@ -175,6 +175,51 @@ def test_a_reader_that_falls_behind_the_window_reads_the_journal(
     assert fast_seqs == slow_seqs == list(range(1, 62))
 
 
+def test_an_sse_reader_behind_the_hub_gets_the_databases_pages_then_the_live_tail(
+    alice, fast_readers, monkeypatch
+):
+    """The journal part of an SSE stream comes as pages the database wrote out
+    (`read_frames`): the first of `PAGE_FIRST_ROWS` records, the next sized to
+    `FRAME_PAGE_BYTES`, each one write; then the hub's live records follow,
+    each seq once, and the bytes are those of encoding the journal here."""
+    monkeypatch.setattr(subscribe_module, "PAGE_FIRST_ROWS", 5)
+    monkeypatch.setattr(subscribe_module, "FRAME_PAGE_BYTES", 2048)
+    run = running_run(alice[0])
+    for i in range(0, 300, 50):
+        append(run_id=run.id, token=1, events=_tokens(50, start=i))
+
+    async def read(after_seq: int, started: asyncio.Event) -> list[bytes]:
+        writes = []
+        stream = subscribe_frames(run.id, wire.SSE, after_seq=after_seq, idle_s=0.2)
+        async with aclosing(stream) as batches:
+            async for batch in batches:
+                started.set()
+                writes += batch
+        return writes
+
+    async def main():
+        started = [asyncio.Event(), asyncio.Event()]
+        readers = [
+            asyncio.create_task(read(cursor, event))
+            for cursor, event in zip((0, 137), started, strict=True)
+        ]
+        for event in started:
+            await event.wait()
+        await _publish(run.id, _tokens(4, start=300))
+        await _publish(run.id, [END])
+        return await asyncio.wait_for(asyncio.gather(*readers), 10)
+
+    from_start, from_137 = asyncio.run(main())
+    journaled = read_after(run_id=run.id, after_seq=0, limit=1000)
+    assert len(journaled) == 305
+    assert b"".join(from_start) == wire.sse_frames(run.id, journaled).encode()
+    assert b"".join(from_137) == wire.sse_frames(run.id, journaled[137:]).encode()
+    frames = [write.count(b"\n\n") for write in from_start]
+    assert frames[0] == 5  # the first page: PAGE_FIRST_ROWS
+    assert len(from_start) > 300 * 60 // 2048  # frames of 60 bytes or more
+    assert all(len(write) <= 2048 + 100 for write in from_start)  # and a frame
+
+
 def test_a_cursor_at_the_end_of_a_finished_run_yields_nothing(alice):
     run = running_run(alice[0])
     append(run_id=run.id, token=1, events=[*_tokens(3), END])

@@ -167,3 +167,8 @@ def test_formats_write_sse_frames_joined_and_json_frames_one_each():
     assert wire.SSE.encode(RUN, records) == sse
     assert wire.JSON_FRAMES.encode(RUN, records) == json_frames
     assert wire.SSE.encode(RUN, []) == [b""]
+    # The template the database fills in for journal pages makes the same frame.
+    assert "".join(wire.SSE_TEMPLATE % (RUN, *r) for r in records) == sse_frames(
+        RUN, records
+    )
+    assert wire.JSON_FRAMES.template is None  # one message each: never joined
