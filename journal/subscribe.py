@@ -37,9 +37,10 @@ WINDOW_BYTES = 4 * 1024 * 1024  # and about this many payload bytes, at most twi
 # A reader behind the window reads pages of about this many bytes (two at most:
 # one being sent, one prefetched), so it costs well under 1 MiB.
 PAGE_BYTES = 64 * 1024
-# A page the database writes out as frames (`_JournalPages`) is one write: the
-# more records it holds, the less each costs the serving process, and a
-# replaying reader holds two at most (docs/benchmarks.md, finding 36).
+# A page the database writes out as frames (`_JournalPages`): the more records
+# it holds, the less each costs the serving process, and a replaying reader
+# holds two at most (docs/benchmarks.md, finding 36). It goes out in writes of
+# about `PART_BYTES`, like any batch.
 FRAME_PAGE_BYTES = 128 * 1024
 PAGE_FIRST_ROWS = 256  # before a reader has seen how large this run's events are
 HUB_RETRY_S = 1.0  # before replacing a hub whose follow task failed (a bug: logged)
@@ -371,7 +372,7 @@ class _JournalPages:
     the previous page had), so a reader far behind the hub's window holds at
     most two pages of its own whatever the events weigh. With a `template`
     (a format the database can write out, `wire.Format.template`) a page is
-    a `FramePage` of about `FRAME_PAGE_BYTES`: one write, made by the database.
+    a `FramePage` of about `FRAME_PAGE_BYTES`, made by the database.
     """
 
     def __init__(self, registry: HubRegistry, run_id: str, template: str | None):
@@ -464,6 +465,21 @@ def _parts(batch: list[Record]) -> list[list[Record]]:
     return parts
 
 
+def _frame_parts(data: bytes, frame_end: bytes) -> list[bytes]:
+    """A page of frames, each ending in `frame_end`, in writes of about
+    `PART_BYTES`, cut where a frame ends: as `_parts` cuts records."""
+    parts, start = [], 0
+    while len(data) - start > PART_BYTES:
+        cut = data.find(frame_end, start + PART_BYTES - len(frame_end))
+        if cut < 0:
+            break
+        parts.append(data[start : cut + len(frame_end)])
+        start = cut + len(frame_end)
+    if start < len(data):
+        parts.append(data[start:])
+    return parts
+
+
 def _replayed(started: float) -> float:
     """A batch is out: the first after `started` (if set) is the replay's latency."""
     if started:
@@ -484,6 +500,10 @@ async def _stream(
     keepalive_at: float | None = None  # while waiting: when to yield `[]`
     metrics.SUBSCRIPTIONS.inc()
     pages: _JournalPages | None = None  # while the reader is behind the window
+    template = fmt.template if fmt else None
+    # A frame the database wrote ends with what its template has after the
+    # last field (SSE: the blank line): where a page may be cut into writes.
+    template_end = template[template.rindex("%s") + 2 :].encode() if template else b""
     backoff = Backoff(first=0.2, cap=DB_RETRY_CAP_S)
     shared: RunHub | None
     page: list[Record] | FramePage | None
@@ -508,13 +528,13 @@ async def _stream(
                     await asyncio.sleep(backoff.next_delay())
                     continue
                 backoff.reset()
-                if isinstance(page, FramePage):  # one write, made by the database
+                if isinstance(page, FramePage):  # the frames, made by the database
                     if not page.rows:  # the journal has less than the hub knew
                         return
                     cursor = page.last_seq
                     keepalive_at = None
                     started = _replayed(started)
-                    yield [page.data]
+                    yield _frame_parts(page.data, template_end)
                     if page.ended:
                         return
                     continue

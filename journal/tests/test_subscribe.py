@@ -180,10 +180,12 @@ def test_an_sse_reader_behind_the_hub_gets_the_databases_pages_then_the_live_tai
 ):
     """The journal part of an SSE stream comes as pages the database wrote out
     (`read_frames`): the first of `PAGE_FIRST_ROWS` records, the next sized to
-    `FRAME_PAGE_BYTES`, each one write; then the hub's live records follow,
-    each seq once, and the bytes are those of encoding the journal here."""
+    `FRAME_PAGE_BYTES`, each sent in writes of about `PART_BYTES` cut where a
+    frame ends; then the hub's live records follow, each seq once, and the
+    bytes are those of encoding the journal here."""
     monkeypatch.setattr(subscribe_module, "PAGE_FIRST_ROWS", 5)
     monkeypatch.setattr(subscribe_module, "FRAME_PAGE_BYTES", 2048)
+    monkeypatch.setattr(subscribe_module, "PART_BYTES", 500)
     run = running_run(alice[0])
     for i in range(0, 300, 50):
         append(run_id=run.id, token=1, events=_tokens(50, start=i))
@@ -214,10 +216,13 @@ def test_an_sse_reader_behind_the_hub_gets_the_databases_pages_then_the_live_tai
     assert len(journaled) == 305
     assert b"".join(from_start) == wire.sse_frames(run.id, journaled).encode()
     assert b"".join(from_137) == wire.sse_frames(run.id, journaled[137:]).encode()
-    frames = [write.count(b"\n\n") for write in from_start]
-    assert frames[0] == 5  # the first page: PAGE_FIRST_ROWS
-    assert len(from_start) > 300 * 60 // 2048  # frames of 60 bytes or more
-    assert all(len(write) <= 2048 + 100 for write in from_start)  # and a frame
+    assert from_start[0].count(b"\n\n") == 5  # the first page: PAGE_FIRST_ROWS
+    assert len(from_start) > 300 * 60 // 500  # frames of 60 bytes or more
+    for write in from_start + from_137:  # whole frames, a part and a frame at most
+        assert write.startswith(b"id: ") and write.endswith(b"\n\n")
+        assert len(write) <= 500 + 100
+    # Pages of about FRAME_PAGE_BYTES, so most writes are cut at PART_BYTES.
+    assert sum(len(write) > 500 for write in from_start) > len(from_start) / 2
 
 
 def test_a_cursor_at_the_end_of_a_finished_run_yields_nothing(alice):
