@@ -15,7 +15,7 @@ import asyncio
 import functools
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Iterator
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -465,19 +465,27 @@ def _parts(batch: list[Record]) -> list[list[Record]]:
     return parts
 
 
-def _frame_parts(data: bytes, frame_end: bytes) -> list[bytes]:
+@functools.cache
+def _frame_end(template: str | None) -> bytes:
+    """What ends each frame filled in from `template`: what follows its last
+    field (SSE: the blank line). Where a page of them may be cut."""
+    assert template is not None, "only pages the database wrote out are cut so"
+    return template[template.rindex("%s") + 2 :].encode()
+
+
+def _frame_parts(data: bytes, frame_end: bytes) -> Iterator[bytes]:
     """A page of frames, each ending in `frame_end`, in writes of about
-    `PART_BYTES`, cut where a frame ends: as `_parts` cuts records."""
-    parts, start = [], 0
+    `PART_BYTES` cut where a frame ends (as `_parts` cuts records), each
+    copied out when it is reached."""
+    start = 0
     while len(data) - start > PART_BYTES:
         cut = data.find(frame_end, start + PART_BYTES - len(frame_end))
         if cut < 0:
             break
-        parts.append(data[start : cut + len(frame_end)])
+        yield data[start : cut + len(frame_end)]
         start = cut + len(frame_end)
     if start < len(data):
-        parts.append(data[start:])
-    return parts
+        yield data[start:]
 
 
 def _replayed(started: float) -> float:
@@ -501,23 +509,19 @@ async def _stream(
     metrics.SUBSCRIPTIONS.inc()
     pages: _JournalPages | None = None  # while the reader is behind the window
     template = fmt.template if fmt else None
-    # A frame the database wrote ends with what its template has after the
-    # last field (SSE: the blank line): where a page may be cut into writes.
-    template_end = template[template.rindex("%s") + 2 :].encode() if template else b""
     backoff = Backoff(first=0.2, cap=DB_RETRY_CAP_S)
     shared: RunHub | None
     page: list[Record] | FramePage | None
     batch: list[Record] | None
     part: list[Record] | None
+    chunk: bytes | None
     try:
         while not await hub.wait_ready(idle_s):
             yield []  # the hub waits out a database outage
         cursor = after_seq
         while hub.end_seq is None or cursor < hub.end_seq:
             if cursor < hub.base:
-                pages = pages or _JournalPages(
-                    registry, run_id, fmt.template if fmt else None
-                )
+                pages = pages or _JournalPages(registry, run_id, template)
                 try:
                     page = await pages.after(cursor, prefetch_below=hub.base)
                 except DATABASE_ERRORS as exc:
@@ -534,7 +538,8 @@ async def _stream(
                     cursor = page.last_seq
                     keepalive_at = None
                     started = _replayed(started)
-                    yield _frame_parts(page.data, template_end)
+                    for chunk in _frame_parts(page.data, _frame_end(template)):
+                        yield [chunk]
                     if page.ended:
                         return
                     continue
@@ -558,7 +563,7 @@ async def _stream(
                 if pages is not None:
                     pages.close()
                     pages = None
-                page = batch = part = None
+                page = batch = part = chunk = None
                 if keepalive_at is None:
                     keepalive_at = clock() + idle_s
                 elif clock() >= keepalive_at:
