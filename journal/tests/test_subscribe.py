@@ -225,6 +225,24 @@ def test_an_sse_reader_behind_the_hub_gets_the_databases_pages_then_the_live_tai
     assert sum(len(write) > 500 for write in from_start) > len(from_start) / 2
 
 
+def test_a_page_of_frames_is_cut_into_writes_only_where_a_frame_ends(monkeypatch):
+    monkeypatch.setattr(subscribe_module, "PART_BYTES", 100)
+    sizes = [10, 150, 40, 40, 40, 0, 300, 5]  # frames under, over and near a part
+    frames = [
+        f"id: r:{i}\nevent: token\ndata: {'x' * n}\n\n".encode()
+        for i, n in enumerate(sizes)
+    ]
+    data = b"".join(frames)
+    writes = list(subscribe_module._frame_parts(data, b"\n\n"))
+    assert b"".join(writes) == data
+    frame_ends = {sum(map(len, frames[: i + 1])) for i in range(len(frames))}
+    write_ends = {sum(map(len, writes[: i + 1])) for i in range(len(writes))}
+    assert write_ends <= frame_ends  # each write is whole frames
+    assert len(writes) > 2
+    assert all(len(w) < 100 + max(map(len, frames)) for w in writes)
+    assert list(subscribe_module._frame_parts(frames[0], b"\n\n")) == [frames[0]]
+
+
 def test_a_cursor_at_the_end_of_a_finished_run_yields_nothing(alice):
     run = running_run(alice[0])
     append(run_id=run.id, token=1, events=[*_tokens(3), END])
