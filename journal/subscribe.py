@@ -377,6 +377,11 @@ class _JournalPages:
 
     def __init__(self, registry: HubRegistry, run_id: str, template: str | None):
         self.registry, self.run_id, self.template = registry, run_id, template
+        # What ends each frame the database writes out: what follows the
+        # template's last field (SSE: the blank line). Pages are cut there.
+        self.frame_end = (
+            template[template.rindex("%s") + 2 :].encode() if template else b""
+        )
         self._next: tuple[int, asyncio.Future] | None = None
         self.limit = PAGE_FIRST_ROWS
 
@@ -465,14 +470,6 @@ def _parts(batch: list[Record]) -> list[list[Record]]:
     return parts
 
 
-@functools.cache
-def _frame_end(template: str | None) -> bytes:
-    """What ends each frame filled in from `template`: what follows its last
-    field (SSE: the blank line). Where a page of them may be cut."""
-    assert template is not None, "only pages the database wrote out are cut so"
-    return template[template.rindex("%s") + 2 :].encode()
-
-
 def _frame_parts(data: bytes, frame_end: bytes) -> Iterator[bytes]:
     """A page of frames, each ending in `frame_end`, in writes of about
     `PART_BYTES` cut where a frame ends (as `_parts` cuts records), each
@@ -538,7 +535,7 @@ async def _stream(
                     cursor = page.last_seq
                     keepalive_at = None
                     started = _replayed(started)
-                    for chunk in _frame_parts(page.data, _frame_end(template)):
+                    for chunk in _frame_parts(page.data, pages.frame_end):
                         yield [chunk]
                     if page.ended:
                         return

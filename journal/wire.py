@@ -108,9 +108,10 @@ class Format:
     frame must depend on the run and the record only. `joined`: the frames of
     a batch are one write (UTF-8 bytes); else one write (a text message) each.
     `template` (joined formats): `frame` as four `%s` (run, seq, type,
-    payload) for the database to fill in, so that a journal page no other
-    reader shares reaches its reader as one write the database made
-    (`journal.store.read_frames`).
+    payload) for the database to fill in, so that a reader's journal page
+    comes made by the database (`journal.store.read_frames`). What follows
+    its last field ends a frame and must appear nowhere else in one (SSE:
+    the blank line; a payload is one line): pages are cut into writes there.
     """
 
     name: str
