@@ -39,20 +39,18 @@ def event_id(run_id: str, seq: int) -> str:
 # --- SSE ---------------------------------------------------------------------
 
 
+# One SSE frame: run, seq, type, payload. The database fills in the same
+# template for a replay's journal pages (`journal.store.read_frames`).
+SSE_TEMPLATE = "id: %s:%s\nevent: %s\ndata: %s\n\n"
+
+
 def sse_frame(run_id: str, record: Record) -> str:
-    return (
-        f"id: {run_id}:{record.seq}\nevent: {record.type}\ndata: {record.payload}\n\n"
-    )
+    return SSE_TEMPLATE % (run_id, *record)
 
 
 def sse_frames(run_id: str, records: Iterable[Record]) -> str:
     """`sse_frame` of each record, joined: what a page of them is on the wire."""
     return "".join([sse_frame(run_id, record) for record in records])
-
-
-# `sse_frame` as a template the database fills in for a replay's journal pages
-# (`journal.store.read_frames`): run, seq, type, payload.
-SSE_TEMPLATE = "id: %s:%s\nevent: %s\ndata: %s\n\n"
 
 
 def sse_retry(retry_ms: int) -> str:
