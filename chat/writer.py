@@ -11,6 +11,11 @@ events keep coming each tick starts one interval after the one before. With
 hundreds of runs streaming, one commit per tick instead of one per run is what
 keeps the worker's write path cheap, and the interval stretches to 50 ms for
 them, so that each event carries more text (docs/benchmarks.md, finding 23).
+From `COHORT_RUNS` runs waiting, the runs tick in `COHORTS` cohorts (writers
+take turns joining them), each cohort once per interval and the cohorts'
+ticks evenly spaced: a statement carries a share of the runs, so what it adds
+to a token's latency is a share of what one statement for all would, and the
+loop publishes to a share of the streams at a time (finding 38).
 
 Faults, and what each costs:
 
@@ -38,6 +43,7 @@ import asyncio
 import contextvars
 import logging
 import time
+from collections import deque
 from collections.abc import Callable
 
 from django.conf import settings
@@ -53,6 +59,8 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 0.03  # 25–50 ms: one row carries a chunk of text, latency stays low
 INTERVAL_MAX_S = 0.05  # with many runs streaming (tick_interval)
 CROWD_RUNS = (80, 160)  # the interval stretches between these runs in a tick
+COHORT_RUNS = 80  # from this many runs waiting, they tick in cohorts
+COHORTS = 2  # a crowd's cohorts, their ticks evenly spaced within the interval
 MAX_BYTES = 2048  # commit early once a run has this much text waiting
 BACKOFF_MAX_S = 1.0  # retry an unreachable database at least this often
 BUFFER_MAX_CHARS = 8 * 2**20  # per run, while its appends cannot land
@@ -94,6 +102,7 @@ class BatchWriter:
         self._idle = asyncio.Event()
         self._idle.set()
         self._committer = _committer()
+        self.cohort = self._committer.enlist()
 
     def add(self, event_type: str, payload: dict) -> None:
         """Queue an event; text deltas of the same kind merge with the last one."""
@@ -231,6 +240,10 @@ class _Committer:
 
     def __init__(self):
         self._waiting: dict[BatchWriter, None] = {}  # an ordered set
+        self._enlisted = 0  # writers made so far: the next one's cohort
+        # The writers of the last cohorts' ticks (but the one due next): with
+        # those waiting now, the runs streaming.
+        self._recent: deque[set[BatchWriter]] = deque(maxlen=COHORTS - 1)
         self._wake = asyncio.Event()
         self._backoff = 0.0  # > 0 while the database is out of reach
         self._outage_began: float | None = None
@@ -244,16 +257,23 @@ class _Committer:
         self._waiting[writer] = None
         self._wake.set()
 
+    def enlist(self) -> int:
+        """A new writer's cohort: writers take turns, so cohorts stay even."""
+        self._enlisted += 1
+        return self._enlisted % COHORTS
+
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         last_tick: float | None = None  # when the last tick started
         interval = INTERVAL_S  # after it, for as many runs as it carried
+        turn = 0  # the cohort whose tick is next, while a crowd streams
         while True:
             await self._wake.wait()
             self._wake.clear()
+            urgent = any(w.pending_bytes >= MAX_BYTES for w in self._waiting)
             if self._backoff:
                 await asyncio.sleep(self._backoff)
-            elif all(w.pending_bytes < MAX_BYTES for w in self._waiting):
+            elif not urgent:
                 # A tick at most every interval, counted from the last one's
                 # start: the batches fill while it commits, and what comes
                 # after a pause is committed at once (docs/benchmarks.md).
@@ -262,15 +282,40 @@ class _Committer:
                     if delay > 0:
                         await asyncio.sleep(delay)
             last_tick = loop.time()
-            waiting = list(self._waiting)
-            self._waiting.clear()
-            interval = tick_interval(len(waiting))
+            crowd = len(set(self._waiting).union(*self._recent))
+            if crowd >= COHORT_RUNS and not (urgent or self._backoff):
+                # A crowd ticks a cohort at a time, each once per interval:
+                # each statement carries a share of the runs, and the loop
+                # publishes a share of them at once (docs/benchmarks.md,
+                # finding 38).
+                waiting, turn = self._cohort(turn)
+                self._recent.append(set(waiting))
+                interval = tick_interval(crowd) / COHORTS
+            else:
+                waiting = list(self._waiting)
+                self._waiting.clear()
+                self._recent.clear()
+                interval = tick_interval(crowd)
             try:
                 await self._commit(waiting)
             except Exception:  # never lose the committer: the runs would hang
                 log.exception("journal committer failed; retrying")
                 self._retry(waiting, None)
                 self._backoff = BACKOFF_MAX_S
+
+    def _cohort(self, turn: int) -> tuple[list[BatchWriter], int]:
+        """The waiting writers of the cohort whose turn it is (or of the next
+        with any waiting), taken out of the waiting set; and the next turn."""
+        for step in range(COHORTS):
+            cohort = (turn + step) % COHORTS
+            taken = [w for w in self._waiting if w.cohort == cohort]
+            if taken:
+                break
+        for writer in taken:
+            del self._waiting[writer]
+        if self._waiting:
+            self._wake.set()  # the other cohorts' turn comes next
+        return taken, (cohort + 1) % COHORTS
 
     async def _commit(self, waiting: list[BatchWriter]) -> None:
         began = time.perf_counter()

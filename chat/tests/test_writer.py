@@ -284,3 +284,56 @@ def test_a_run_whose_buffer_outgrows_its_bound_is_told_once(alice, monkeypatch):
     asyncio.run(write())
     assert troubles == ["database"]
     assert "".join(json.loads(p)["text"] for _, p in _rows(run)) == "x" * 200
+
+
+def test_a_crowd_ticks_in_cohorts_each_once_per_interval(alice, bob, monkeypatch):
+    """From `COHORT_RUNS` runs waiting, a tick takes one cohort's runs and the
+    next cohort's tick comes a share of the interval later; every run is
+    still committed once per interval, each in its own cohort's ticks. The
+    sleeps are noted, not slept, so the machine's pace cannot change what is
+    seen."""
+    monkeypatch.setattr(writer_module, "COHORT_RUNS", 4)
+    monkeypatch.setattr(writer_module, "COHORTS", 2)
+    monkeypatch.setattr(writer_module, "INTERVAL_S", 100.0)
+    monkeypatch.setattr(writer_module, "INTERVAL_MAX_S", 100.0)
+    waits: list[float] = []
+    ticks: list[set[str]] = []
+    real_sleep = asyncio.sleep
+    store_append_many = writer_module.append_many
+
+    async def noted_sleep(delay, *args):
+        task = asyncio.current_task()
+        if task is not None and task.get_name() == "journal committer":
+            waits.append(delay)
+        await real_sleep(0)
+
+    def spy(batches, **kwargs):
+        ticks.append({run_id for run_id, _token, _events in batches})
+        return store_append_many(batches, **kwargs)
+
+    monkeypatch.setattr(writer_module.asyncio, "sleep", noted_sleep)
+    monkeypatch.setattr(writer_module, "append_many", spy)
+    runs = [running_run(user[0]) for user in (alice, bob, alice, bob)]
+
+    async def write():
+        writers = [BatchWriter(run_id=r.id, token=1) for r in runs]
+        for round_ in range(2):
+            for writer in writers:
+                writer.add("token", {"text": f"{round_}"})
+            await asyncio.gather(*(w.flush() for w in writers))
+        for writer in writers:
+            writer.close()
+        return writers
+
+    writers = asyncio.run(write())
+    cohorts = {c: {w.run_id for w in writers if w.cohort == c} for c in range(2)}
+    assert all(len(members) == 2 for members in cohorts.values())
+    # Four ticks, the cohorts taking turns; the first tick came at once.
+    assert len(ticks) == 4
+    assert ticks[0] in cohorts.values()
+    assert [ticks[0], ticks[1]] == [ticks[2], ticks[3]]
+    assert ticks[0] | ticks[1] == set(cohorts[0]) | set(cohorts[1])
+    assert len(waits) == 3
+    assert all(0 < wait <= 50 for wait in waits)
+    for run in runs:
+        assert [json.loads(p)["text"] for _, p in _rows(run)] == ["0", "1"]
