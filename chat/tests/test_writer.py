@@ -19,6 +19,25 @@ from journal.models import Event, Run
 from journal.store import AppendRejected, append_many
 
 
+@pytest.fixture
+def committer_sleeps(monkeypatch) -> list[float]:
+    """The delays the committer sleeps for, noted and not slept: tests of its
+    pacing see the same whatever the machine's pace."""
+    waits: list[float] = []
+    real_sleep = asyncio.sleep
+
+    async def noted_sleep(delay, *args):
+        # `asyncio.sleep` is one function for the whole process: note the
+        # committer's sleeps only, not those of other threads' event loops.
+        task = asyncio.current_task()
+        if task is not None and task.get_name() == "journal committer":
+            waits.append(delay)
+        await real_sleep(0)
+
+    monkeypatch.setattr(writer_module.asyncio, "sleep", noted_sleep)
+    return waits
+
+
 def _rows(run):
     return list(
         Event.objects.filter(run=run).order_by("seq").values_list("seq", "payload")
@@ -116,7 +135,7 @@ def test_the_interval_stretches_with_the_runs_a_tick_carries():
 
 
 def test_the_committer_waits_the_interval_of_its_last_ticks_runs(
-    alice, bob, monkeypatch
+    alice, bob, monkeypatch, committer_sleeps
 ):
     """The wait before a tick is the interval for as many runs as the tick
     before it carried: a crowded tick stretches the next wait, a lone run's
@@ -125,18 +144,7 @@ def test_the_committer_waits_the_interval_of_its_last_ticks_runs(
     monkeypatch.setattr(writer_module, "CROWD_RUNS", (1, 2))
     monkeypatch.setattr(writer_module, "INTERVAL_S", 100.0)
     monkeypatch.setattr(writer_module, "INTERVAL_MAX_S", 1000.0)
-    waits: list[float] = []
-    real_sleep = asyncio.sleep
-
-    async def noted_sleep(delay, *args):
-        # `asyncio.sleep` is one function for the whole process: note the
-        # committer's sleeps only, not those of other threads' event loops.
-        task = asyncio.current_task()
-        if task is not None and task.get_name() == "journal committer":
-            waits.append(delay)
-        await real_sleep(0)
-
-    monkeypatch.setattr(writer_module.asyncio, "sleep", noted_sleep)
+    waits = committer_sleeps
     runs = [running_run(alice[0]), running_run(bob[0])]
 
     async def write():
@@ -286,8 +294,10 @@ def test_a_run_whose_buffer_outgrows_its_bound_is_told_once(alice, monkeypatch):
     assert "".join(json.loads(p)["text"] for _, p in _rows(run)) == "x" * 200
 
 
-def test_a_crowd_ticks_in_cohorts_each_once_per_interval(alice, bob, monkeypatch):
-    """From `COHORT_RUNS` runs waiting, a tick takes one cohort's runs and the
+def test_a_crowd_ticks_in_cohorts_each_once_per_interval(
+    alice, bob, monkeypatch, committer_sleeps
+):
+    """From `COHORT_RUNS` runs streaming, a tick takes one cohort's runs and the
     next cohort's tick comes a share of the interval later; every run is
     still committed once per interval, each in its own cohort's ticks. The
     sleeps are noted, not slept, so the machine's pace cannot change what is
@@ -296,22 +306,14 @@ def test_a_crowd_ticks_in_cohorts_each_once_per_interval(alice, bob, monkeypatch
     monkeypatch.setattr(writer_module, "COHORTS", 2)
     monkeypatch.setattr(writer_module, "INTERVAL_S", 100.0)
     monkeypatch.setattr(writer_module, "INTERVAL_MAX_S", 100.0)
-    waits: list[float] = []
+    waits = committer_sleeps
     ticks: list[set[str]] = []
-    real_sleep = asyncio.sleep
     store_append_many = writer_module.append_many
-
-    async def noted_sleep(delay, *args):
-        task = asyncio.current_task()
-        if task is not None and task.get_name() == "journal committer":
-            waits.append(delay)
-        await real_sleep(0)
 
     def spy(batches, **kwargs):
         ticks.append({run_id for run_id, _token, _events in batches})
         return store_append_many(batches, **kwargs)
 
-    monkeypatch.setattr(writer_module.asyncio, "sleep", noted_sleep)
     monkeypatch.setattr(writer_module, "append_many", spy)
     runs = [running_run(user[0]) for user in (alice, bob, alice, bob)]
 
