@@ -80,6 +80,12 @@ class RunHub:
         # Wakes waiting readers at the earliest of their keepalive deadlines:
         # one timer per hub, none per reader or wait (`wait_changed`).
         self._beat: asyncio.TimerHandle | None = None
+        # Ends a receive after a quiet spell (`_receive`): one timer per spell
+        # of `_idle_s`, re-armed when it finds a message came, none per message.
+        self._quiet: asyncio.TimerHandle | None = None
+        self._listening_since = 0.0  # the loop's time the current receive began
+        self._listener: asyncio.Task | None = None  # the task in that receive
+        self._quiet_expired = False
 
     @property
     def tail(self) -> int:
@@ -94,9 +100,10 @@ class RunHub:
         self._task = asyncio.create_task(self._follow(), name=f"hub {self.run_id}")
 
     async def stop(self) -> None:
-        if self._beat is not None:
-            self._beat.cancel()
-            self._beat = None
+        for timer in (self._beat, self._quiet):
+            if timer is not None:
+                timer.cancel()
+        self._beat = self._quiet = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -262,6 +269,9 @@ class RunHub:
             log.exception("hub failed run_id=%s", self.run_id)
             self.ready.set()
         finally:
+            if self._quiet is not None:
+                self._quiet.cancel()
+                self._quiet = None
             await self._leave()
             self._notify()
 
@@ -280,8 +290,7 @@ class RunHub:
             await asyncio.sleep(min(self._idle_s / 4, 1.0))
             return None
         try:
-            async with asyncio.timeout(self._idle_s):
-                message = await get_channel_layer().receive(self.channel)
+            message = await self._receive_until_quiet()
         except TimeoutError:
             return None
         except Exception as exc:
@@ -290,6 +299,52 @@ class RunHub:
             return None
         outage(CHANNEL_LAYER).recovered()
         return message
+
+    async def _receive_until_quiet(self) -> dict:
+        """The layer's next message; TimeoutError after `_idle_s` without one.
+
+        What `asyncio.timeout(_idle_s)` around the receive would do, but with
+        one loop timer per quiet spell instead of one per message: a timer
+        made and cancelled for every message of every hub (thousands a second
+        with a crowd streaming) grew the loop's heap of cancelled timers, and
+        pushing onto it was about a tenth of a busy web process's CPU
+        (docs/benchmarks.md, finding 39). The timer is armed once and, when
+        it fires during a later receive, armed again for that receive's own
+        deadline.
+        """
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        assert task is not None
+        self._listening_since = loop.time()
+        self._listener, self._quiet_expired = task, False
+        cancelling = task.cancelling()
+        if self._quiet is None:
+            self._quiet = loop.call_at(
+                self._listening_since + self._idle_s, self._on_quiet
+            )
+        try:
+            return await get_channel_layer().receive(self.channel)
+        except asyncio.CancelledError:
+            # Ours, and nobody else's: as asyncio.timeout tells them apart.
+            if self._quiet_expired and task.uncancel() <= cancelling:
+                raise TimeoutError from None
+            raise
+        finally:
+            self._listener = None
+
+    def _on_quiet(self) -> None:
+        self._quiet = None
+        if self._listener is None:
+            return  # between receives: the next one arms its own
+        loop = asyncio.get_running_loop()
+        due = self._listening_since + self._idle_s
+        # A loop may run a timer up to its clock's resolution early: a hair of
+        # slack, so an early firing does not arm another for the same moment.
+        if loop.time() < due - self._idle_s / 100:  # a later receive's deadline
+            self._quiet = loop.call_at(due, self._on_quiet)
+            return
+        self._quiet_expired = True
+        self._listener.cancel()
 
     async def _settle_if_lost(self) -> None:
         state = await self._read(run_state)

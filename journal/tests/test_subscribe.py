@@ -13,8 +13,8 @@ from contextlib import aclosing
 import pytest
 
 from hermes_testing.harness import group_size, running_run, wait_until_async
+from journal import dbpool, wire
 from journal import subscribe as subscribe_module
-from journal import wire
 from journal.publish import append_and_publish, group_name
 from journal.store import append, read_after
 from journal.subscribe import hubs, subscribe, subscribe_frames
@@ -223,6 +223,46 @@ def test_an_sse_reader_behind_the_hub_gets_the_databases_pages_then_the_live_tai
         assert len(write) <= 500 + 100
     # Pages of about FRAME_PAGE_BYTES, so most writes are cut at PART_BYTES.
     assert sum(len(write) > 500 for write in from_start) > len(from_start) / 2
+
+
+def test_a_hub_reads_the_journal_after_a_quiet_spell_with_one_timer_per_spell(
+    alice, fast_readers
+):
+    """Doorbells that stop after a stream of them (events committed, none
+    published): the hub reads the journal once `READER_IDLE_CHECK_S` passes
+    without a message, counted from the last one. Its quiet timer is armed
+    once per spell, not once per message (a timer per message cost a busy web
+    process a tenth of its CPU): the stream of doorbells outlasts a spell, so
+    the timer fires during it and is armed again."""
+    idle_s = 0.3  # fast_readers
+    run = running_run(alice[0])
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        armed = Counter()
+        call_at = loop.call_at
+
+        def counting_call_at(when, callback, *args, **kwargs):
+            armed[getattr(callback, "__name__", "")] += 1
+            return call_at(when, callback, *args, **kwargs)
+
+        loop.call_at = counting_call_at
+        reader = Reader(run.id)
+        began, published = loop.time(), 0
+        while published < 20 or loop.time() - began < 3 * idle_s:
+            await _publish(run.id, _tokens(1, start=published))
+            published += 1
+            await wait_until_async(lambda n=published: len(reader.seqs) == n)
+        await dbpool.writers.run(
+            append, run_id=run.id, token=1, events=[*_tokens(2, start=published), END]
+        )
+        await asyncio.wait_for(reader.task, 10)
+        # The hub's timers for its receives: its own, or asyncio.timeout's.
+        return reader.seqs, published, armed["_on_quiet"] + armed["_on_timeout"]
+
+    seqs, published, armed = asyncio.run(main())
+    assert seqs == list(range(1, published + 4))
+    assert 2 <= armed <= published // 4
 
 
 def test_a_page_of_frames_is_cut_into_writes_only_where_a_frame_ends(monkeypatch):
