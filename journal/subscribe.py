@@ -80,8 +80,8 @@ class RunHub:
         # Wakes waiting readers at the earliest of their keepalive deadlines:
         # one timer per hub, none per reader or wait (`wait_changed`).
         self._beat: asyncio.TimerHandle | None = None
-        # Ends a receive after a quiet spell (`_receive`): one timer per spell
-        # of `_idle_s`, re-armed when it finds a message came, none per message.
+        # Ends a receive after a quiet spell (`_receive_until_quiet`): one timer
+        # per spell of `_idle_s`, armed again when it finds a message came.
         self._quiet: asyncio.TimerHandle | None = None
         self._listening_since = 0.0  # the loop's time the current receive began
         self._listener: asyncio.Task | None = None  # the task in that receive
