@@ -100,10 +100,9 @@ class RunHub:
         self._task = asyncio.create_task(self._follow(), name=f"hub {self.run_id}")
 
     async def stop(self) -> None:
-        for timer in (self._beat, self._quiet):
-            if timer is not None:
-                timer.cancel()
-        self._beat = self._quiet = None
+        if self._beat is not None:
+            self._beat.cancel()
+            self._beat = None
         if self._task is not None:
             self._task.cancel()
             await asyncio.gather(self._task, return_exceptions=True)
@@ -269,7 +268,7 @@ class RunHub:
             log.exception("hub failed run_id=%s", self.run_id)
             self.ready.set()
         finally:
-            if self._quiet is not None:
+            if self._quiet is not None:  # `stop` comes here too, by cancelling
                 self._quiet.cancel()
                 self._quiet = None
             await self._leave()
