@@ -15,10 +15,12 @@ import asyncio
 import functools
 import logging
 import time
+from collections import deque
 from collections.abc import AsyncGenerator, Callable, Iterator
 
 from channels.layers import get_channel_layer
 from django.conf import settings
+from django.db import connection
 
 from . import dbpool, metrics, wire
 from .events import TERMINAL
@@ -34,14 +36,19 @@ log = logging.getLogger(__name__)
 # the journal in pages. Bounds a hub's memory whatever the run's length.
 WINDOW = 4096
 WINDOW_BYTES = 4 * 1024 * 1024  # and about this many payload bytes, at most twice
-# A reader behind the window reads pages of about this many bytes (two at most:
-# one being sent, one prefetched), so it costs well under 1 MiB.
+# A reader behind the window reads pages of about this many bytes (one being
+# sent and `READ_AHEAD` read ahead at most), so it costs well under 1 MiB.
 PAGE_BYTES = 64 * 1024
 # A page the database writes out as frames (`_JournalPages`): the more records
-# it holds, the less each costs the serving process, and a replaying reader
-# holds two at most (docs/benchmarks.md, finding 36). It goes out in writes of
-# about `PART_BYTES`, like any batch.
+# it holds, the less each costs the serving process (docs/benchmarks.md,
+# finding 36). It goes out in writes of about `PART_BYTES`, like any batch.
 FRAME_PAGE_BYTES = 128 * 1024
+# Pages a replaying reader has read ahead of the one being sent, by database.
+# PostgreSQL makes pages in processes of its own: two read at once keep both
+# of a small machine's cores at it while the serving process sends (a replay
+# 20-25 % faster). SQLite makes them in the serving process: a second read at
+# once doubled its CPU per event (docs/benchmarks.md, finding 40).
+READ_AHEAD = {"postgresql": 2}
 PAGE_FIRST_ROWS = 256  # before a reader has seen how large this run's events are
 HUB_RETRY_S = 1.0  # before replacing a hub whose follow task failed (a bug: logged)
 DB_RETRY_CAP_S = 2.0  # journal reads retried at least this often while the DB is down
@@ -420,13 +427,18 @@ class HubRegistry:
 
 
 class _JournalPages:
-    """One reader's journal pages, the next one read while this one is sent.
+    """One reader's journal pages, the next ones read while this one is sent.
 
     Pages are bounded in bytes as well as rows (`PAGE_BYTES`, from the sizes
     the previous page had), so a reader far behind the hub's window holds at
-    most two pages of its own whatever the events weigh. With a `template`
-    (a format the database can write out, `wire.Format.template`) a page is
-    a `FramePage` of about `FRAME_PAGE_BYTES`, made by the database.
+    most `1 + READ_AHEAD` pages of its own whatever the events weigh. With a
+    `template` (a format the database can write out, `wire.Format.template`)
+    a page is a `FramePage` of about `FRAME_PAGE_BYTES`, made by the database.
+
+    A page of `limit` records read after seq `n` is full only if it holds
+    every seq up to `n + limit` (`journal.store.read_after` bounds the range
+    so), so the pages after a full one start at known seqs and are read
+    before the one ahead of them has come back.
     """
 
     def __init__(self, registry: HubRegistry, run_id: str, template: str | None):
@@ -436,18 +448,19 @@ class _JournalPages:
         self.frame_end = (
             template[template.rindex("%s") + 2 :].encode() if template else b""
         )
-        self._next: tuple[int, asyncio.Future] | None = None
+        # The pages read ahead, in order: (after which seq, limit, the read).
+        self._ahead: deque[tuple[int, int, asyncio.Future]] = deque()
+        self.depth = READ_AHEAD.get(connection.vendor, 1)
         self.limit = PAGE_FIRST_ROWS
 
     async def after(
         self, cursor: int, *, prefetch_below: int
     ) -> list[Record] | FramePage:
-        if self._next is not None and self._next[0] == cursor:
-            future = self._next[1]
-            self._next = None
+        if self._ahead and self._ahead[0][0] == cursor:
+            _after, limit, future = self._ahead.popleft()
         else:
             self.close()
-            future = self._read(cursor)
+            limit, future = self.limit, self._read(cursor)
         page = await future
         if isinstance(page, FramePage):
             count, last, size = page.rows, page.last_seq, len(page.data)
@@ -455,11 +468,19 @@ class _JournalPages:
         else:
             count, last, goal = len(page), page[-1].seq if page else 0, PAGE_BYTES
             size = sum(len(r.payload) for r in page) + 64 * count
-        full = count == self.limit
+        full = count == limit
         if count:
             self.limit = max(1, min(READ_PAGE, int(goal * count / size)))
-        if full and last < prefetch_below:
-            self._next = (last, self._read(last))
+        if not full:
+            self.close()  # pages read after a seq this one did not reach
+            return page
+        after = last
+        if self._ahead:  # the next page begins where the last one read ahead ends
+            start, rows, _read = self._ahead[-1]
+            after = start + rows
+        while len(self._ahead) < self.depth and after < prefetch_below:
+            self._ahead.append((after, self.limit, self._read(after)))
+            after += self.limit
         return page
 
     def _read(self, after: int) -> asyncio.Future:
@@ -468,9 +489,8 @@ class _JournalPages:
         )
 
     def close(self) -> None:
-        if self._next is not None:
-            self._next[1].cancel()
-            self._next = None
+        while self._ahead:
+            self._ahead.pop()[2].cancel()
 
 
 _registries: dict[asyncio.AbstractEventLoop, HubRegistry] = {}

@@ -11,12 +11,13 @@ from collections import Counter
 from contextlib import aclosing
 
 import pytest
+from django.db import connection
 
 from hermes_testing.harness import group_size, running_run, wait_until_async
 from journal import dbpool, wire
 from journal import subscribe as subscribe_module
 from journal.publish import append_and_publish, group_name
-from journal.store import append, read_after
+from journal.store import FramePage, append, read_after, read_frames
 from journal.subscribe import hubs, subscribe, subscribe_frames
 
 END = ("end", {"status": "completed", "terminal_state": "completed"})
@@ -223,6 +224,60 @@ def test_an_sse_reader_behind_the_hub_gets_the_databases_pages_then_the_live_tai
         assert len(write) <= 500 + 100
     # Pages of about FRAME_PAGE_BYTES, so most writes are cut at PART_BYTES.
     assert sum(len(write) > 500 for write in from_start) > len(from_start) / 2
+
+
+@pytest.mark.parametrize("depth", [1, 2])
+def test_a_reader_behind_the_hub_has_its_next_pages_read_ahead_each_once(
+    alice, fast_readers, monkeypatch, depth
+):
+    """While a reader's page goes out, the next `READ_AHEAD` pages are read:
+    a full page of `limit` records ends `limit` seqs on, so each next page's
+    start is known before the page ahead of it comes back. No more are read
+    than that, each page is read once, and the reader sends the journal as
+    it is, each seq once, then the live tail."""
+    monkeypatch.setattr(subscribe_module, "PAGE_FIRST_ROWS", 5)
+    monkeypatch.setattr(subscribe_module, "FRAME_PAGE_BYTES", 2048)
+    monkeypatch.setattr(subscribe_module, "READ_AHEAD", {connection.vendor: depth})
+    run = running_run(alice[0])
+    for i in range(0, 300, 50):
+        append(run_id=run.id, token=1, events=_tokens(50, start=i))
+    reads: list[tuple[int, int, int]] = []  # (after seq, limit, rows), as done
+
+    def counted(**kwargs) -> FramePage:
+        page = read_frames(**kwargs)
+        reads.append((kwargs["after_seq"], kwargs["limit"], page.rows))
+        return page
+
+    monkeypatch.setattr(subscribe_module, "read_frames", counted)
+
+    async def main() -> tuple[list[bytes], list[tuple[int, int, int]]]:
+        writes: list[bytes] = []
+        held: list[tuple[int, int, int]] = []
+        stream = subscribe_frames(run.id, wire.SSE, after_seq=0, idle_s=0.2)
+        async with aclosing(stream) as batches:
+            async for batch in batches:
+                if not writes:
+                    # The first page is out: the reader reads nothing more
+                    # until it is given the next, so once these reads are
+                    # done, they are all it made.
+                    await wait_until_async(lambda: len(reads) == 1 + depth)
+                    held = sorted(reads)
+                    await _publish(run.id, _tokens(4, start=300))
+                    await _publish(run.id, [END])
+                writes += batch
+        return writes, held
+
+    writes, held = asyncio.run(asyncio.wait_for(main(), 30))
+    first, second = held[0], held[1]
+    assert first == (0, 5, 5)  # PAGE_FIRST_ROWS
+    expected = [0, 5, 5 + second[1]][: 1 + depth]
+    assert [after for after, _limit, _rows in held] == expected
+    assert all(rows == limit for _after, limit, rows in held)  # full pages
+    afters = [after for after, _limit, _rows in reads]
+    assert len(afters) == len(set(afters))  # no page read twice
+    journaled = read_after(run_id=run.id, after_seq=0, limit=1000)
+    assert len(journaled) == 305
+    assert b"".join(writes) == wire.sse_frames(run.id, journaled).encode()
 
 
 def test_a_hub_reads_the_journal_after_a_quiet_spell_with_one_timer_per_spell(
