@@ -436,9 +436,9 @@ class _JournalPages:
     a page is a `FramePage` of about `FRAME_PAGE_BYTES`, made by the database.
 
     A page of `limit` records read after seq `n` is full only if it holds
-    every seq up to `n + limit` (`journal.store.read_after` bounds the range
-    so), so the pages after a full one start at known seqs and are read
-    before the one ahead of them has come back.
+    every seq up to `n + limit` (the page queries of `journal.store` bound
+    the range so), so the pages after a full one start at known seqs and
+    are read before the one ahead of them has come back.
     """
 
     def __init__(self, registry: HubRegistry, run_id: str, template: str | None):
@@ -490,6 +490,8 @@ class _JournalPages:
 
     def close(self) -> None:
         while self._ahead:
+            # Cancelling a read that already failed also marks its exception
+            # seen: asyncio does not report it as never retrieved.
             self._ahead.pop()[2].cancel()
 
 

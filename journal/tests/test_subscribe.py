@@ -6,12 +6,14 @@ event loop, as transports hold them. Nothing here knows what a run is about.
 """
 
 import asyncio
+import gc
 import re
+import threading
 from collections import Counter
 from contextlib import aclosing
 
 import pytest
-from django.db import connection
+from django.db import OperationalError, connection
 
 from hermes_testing.harness import group_size, running_run, wait_until_async
 from journal import dbpool, wire
@@ -278,6 +280,59 @@ def test_a_reader_behind_the_hub_has_its_next_pages_read_ahead_each_once(
     journaled = read_after(run_id=run.id, after_seq=0, limit=1000)
     assert len(journaled) == 305
     assert b"".join(writes) == wire.sse_frames(run.id, journaled).encode()
+
+
+def test_pages_read_ahead_in_an_outage_are_read_again_and_none_left_unretrieved(
+    alice, fast_readers, monkeypatch
+):
+    """The database goes out of reach once a reader's first page is read:
+    both pages read ahead fail. The reader waits the outage out and reads on
+    from where it was, each seq once; the failed read it let go unawaited is
+    not reported by asyncio as an exception never retrieved."""
+    monkeypatch.setattr(subscribe_module, "PAGE_FIRST_ROWS", 5)
+    monkeypatch.setattr(subscribe_module, "FRAME_PAGE_BYTES", 2048)
+    monkeypatch.setattr(subscribe_module, "READ_AHEAD", {connection.vendor: 2})
+    run = running_run(alice[0])
+    for i in range(0, 300, 50):
+        append(run_id=run.id, token=1, events=_tokens(50, start=i))
+    down = threading.Event()
+    failed: list[int] = []  # the seq after which each failed read began
+
+    def flaky(**kwargs) -> FramePage:
+        if down.is_set():
+            failed.append(kwargs["after_seq"])
+            raise OperationalError("the database is out of reach")
+        page = read_frames(**kwargs)
+        if kwargs["after_seq"] == 0:
+            down.set()
+        return page
+
+    monkeypatch.setattr(subscribe_module, "read_frames", flaky)
+    reported: list[dict] = []
+
+    async def main() -> list[bytes]:
+        asyncio.get_running_loop().set_exception_handler(
+            lambda _loop, context: reported.append(context)
+        )
+        writes: list[bytes] = []
+        stream = subscribe_frames(run.id, wire.SSE, after_seq=0, idle_s=0.2)
+        async with aclosing(stream) as batches:
+            async for batch in batches:
+                if not writes:  # the first page is out; both ahead fail
+                    await wait_until_async(lambda: len(set(failed)) == 2)
+                    down.clear()
+                    await _publish(run.id, _tokens(4, start=300))
+                    await _publish(run.id, [END])
+                writes += batch
+        gc.collect()
+        await asyncio.sleep(0)  # callbacks the collection scheduled
+        return writes
+
+    writes = asyncio.run(asyncio.wait_for(main(), 30))
+    journaled = read_after(run_id=run.id, after_seq=0, limit=1000)
+    assert len(journaled) == 305
+    assert b"".join(writes) == wire.sse_frames(run.id, journaled).encode()
+    assert [c["message"] for c in reported] == []
 
 
 def test_a_hub_reads_the_journal_after_a_quiet_spell_with_one_timer_per_spell(
