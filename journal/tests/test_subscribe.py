@@ -258,7 +258,7 @@ def test_a_reader_behind_the_hub_has_its_next_pages_read_ahead_each_once(
         stream = subscribe_frames(run.id, wire.SSE, after_seq=0, idle_s=0.2)
         async with aclosing(stream) as batches:
             async for batch in batches:
-                if not writes:
+                if batch and not writes:  # not a keepalive: the first page
                     # The first page is out: the reader reads nothing more
                     # until it is given the next, so once these reads are
                     # done, they are all it made.
@@ -318,7 +318,7 @@ def test_pages_read_ahead_in_an_outage_are_read_again_and_none_left_unretrieved(
         stream = subscribe_frames(run.id, wire.SSE, after_seq=0, idle_s=0.2)
         async with aclosing(stream) as batches:
             async for batch in batches:
-                if not writes:  # the first page is out; both ahead fail
+                if batch and not writes:  # the first page; both ahead fail
                     await wait_until_async(lambda: len(set(failed)) == 2)
                     down.clear()
                     await _publish(run.id, _tokens(4, start=300))
