@@ -460,7 +460,7 @@ class _JournalPages:
             _after, limit, future = self._ahead.popleft()
         else:
             self.close()
-            limit, future = self.limit, self._read(cursor)
+            limit, future = self.limit, self._read(cursor, self.limit)
         page = await future
         if isinstance(page, FramePage):
             count, last, size = page.rows, page.last_seq, len(page.data)
@@ -479,13 +479,13 @@ class _JournalPages:
             start, rows, _read = self._ahead[-1]
             after = start + rows
         while len(self._ahead) < self.depth and after < prefetch_below:
-            self._ahead.append((after, self.limit, self._read(after)))
+            self._ahead.append((after, self.limit, self._read(after, self.limit)))
             after += self.limit
         return page
 
-    def _read(self, after: int) -> asyncio.Future:
+    def _read(self, after: int, limit: int) -> asyncio.Future:
         return asyncio.ensure_future(
-            self.registry.page(self.run_id, after, self.limit, self.template)
+            self.registry.page(self.run_id, after, limit, self.template)
         )
 
     def close(self) -> None:

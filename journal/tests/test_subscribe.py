@@ -56,6 +56,45 @@ async def _publish(run_id: str, events) -> None:
     await append_and_publish(run_id=run_id, token=1, events=events)
 
 
+def _paged_run(owner, monkeypatch, read_ahead: int | None = None):
+    """A running run of 300 journaled events, replayed in small pages: the
+    first of 5 records, the next of about 2 KiB of frames; `read_ahead`
+    pages read ahead, if given, whatever the database."""
+    monkeypatch.setattr(subscribe_module, "PAGE_FIRST_ROWS", 5)
+    monkeypatch.setattr(subscribe_module, "FRAME_PAGE_BYTES", 2048)
+    if read_ahead is not None:
+        monkeypatch.setattr(
+            subscribe_module, "READ_AHEAD", {connection.vendor: read_ahead}
+        )
+    run = running_run(owner)
+    for i in range(0, 300, 50):
+        append(run_id=run.id, token=1, events=_tokens(50, start=i))
+    return run
+
+
+async def _replay_to_the_end(run_id: str, at_first_page) -> list[bytes]:
+    """An SSE reader's writes from seq 0 through `end`. When its first page
+    is out (a batch of frames, not a keepalive), `at_first_page()` is awaited,
+    then four more tokens and the end are published."""
+    writes: list[bytes] = []
+    stream = subscribe_frames(run_id, wire.SSE, after_seq=0, idle_s=0.2)
+    async with aclosing(stream) as batches:
+        async for batch in batches:
+            if batch and not writes:
+                await at_first_page()
+                await _publish(run_id, _tokens(4, start=300))
+                await _publish(run_id, [END])
+            writes += batch
+    return writes
+
+
+def _assert_sent_the_journal(run_id: str, writes: list[bytes]) -> None:
+    """The 305 journaled events, each seq once, as this process encodes them."""
+    journaled = read_after(run_id=run_id, after_seq=0, limit=1000)
+    assert len(journaled) == 305
+    assert b"".join(writes) == wire.sse_frames(run_id, journaled).encode()
+
+
 def test_replay_then_live_has_no_gap_and_no_duplicate(alice, fast_readers):
     run = running_run(alice[0])
     append(run_id=run.id, token=1, events=_tokens(5))
@@ -186,12 +225,8 @@ def test_an_sse_reader_behind_the_hub_gets_the_databases_pages_then_the_live_tai
     `FRAME_PAGE_BYTES`, each sent in writes of about `PART_BYTES` cut where a
     frame ends; then the hub's live records follow, each seq once, and the
     bytes are those of encoding the journal here."""
-    monkeypatch.setattr(subscribe_module, "PAGE_FIRST_ROWS", 5)
-    monkeypatch.setattr(subscribe_module, "FRAME_PAGE_BYTES", 2048)
     monkeypatch.setattr(subscribe_module, "PART_BYTES", 500)
-    run = running_run(alice[0])
-    for i in range(0, 300, 50):
-        append(run_id=run.id, token=1, events=_tokens(50, start=i))
+    run = _paged_run(alice[0], monkeypatch)
 
     async def read(after_seq: int, started: asyncio.Event) -> list[bytes]:
         writes = []
@@ -237,12 +272,7 @@ def test_a_reader_behind_the_hub_has_its_next_pages_read_ahead_each_once(
     start is known before the page ahead of it comes back. No more are read
     than that, each page is read once, and the reader sends the journal as
     it is, each seq once, then the live tail."""
-    monkeypatch.setattr(subscribe_module, "PAGE_FIRST_ROWS", 5)
-    monkeypatch.setattr(subscribe_module, "FRAME_PAGE_BYTES", 2048)
-    monkeypatch.setattr(subscribe_module, "READ_AHEAD", {connection.vendor: depth})
-    run = running_run(alice[0])
-    for i in range(0, 300, 50):
-        append(run_id=run.id, token=1, events=_tokens(50, start=i))
+    run = _paged_run(alice[0], monkeypatch, read_ahead=depth)
     reads: list[tuple[int, int, int]] = []  # (after seq, limit, rows), as done
 
     def counted(**kwargs) -> FramePage:
@@ -252,24 +282,17 @@ def test_a_reader_behind_the_hub_has_its_next_pages_read_ahead_each_once(
 
     monkeypatch.setattr(subscribe_module, "read_frames", counted)
 
-    async def main() -> tuple[list[bytes], list[tuple[int, int, int]]]:
-        writes: list[bytes] = []
-        held: list[tuple[int, int, int]] = []
-        stream = subscribe_frames(run.id, wire.SSE, after_seq=0, idle_s=0.2)
-        async with aclosing(stream) as batches:
-            async for batch in batches:
-                if batch and not writes:  # not a keepalive: the first page
-                    # The first page is out: the reader reads nothing more
-                    # until it is given the next, so once these reads are
-                    # done, they are all it made.
-                    await wait_until_async(lambda: len(reads) == 1 + depth)
-                    held = sorted(reads)
-                    await _publish(run.id, _tokens(4, start=300))
-                    await _publish(run.id, [END])
-                writes += batch
-        return writes, held
+    held: list[tuple[int, int, int]] = []
 
-    writes, held = asyncio.run(asyncio.wait_for(main(), 30))
+    async def at_first_page() -> None:
+        # The reader reads nothing more until it is given the next page, so
+        # once these reads are done, they are all it made.
+        await wait_until_async(lambda: len(reads) == 1 + depth)
+        held.extend(sorted(reads))
+
+    writes = asyncio.run(
+        asyncio.wait_for(_replay_to_the_end(run.id, at_first_page), 30)
+    )
     first, second = held[0], held[1]
     assert first == (0, 5, 5)  # PAGE_FIRST_ROWS
     expected = [0, 5, 5 + second[1]][: 1 + depth]
@@ -277,9 +300,7 @@ def test_a_reader_behind_the_hub_has_its_next_pages_read_ahead_each_once(
     assert all(rows == limit for _after, limit, rows in held)  # full pages
     afters = [after for after, _limit, _rows in reads]
     assert len(afters) == len(set(afters))  # no page read twice
-    journaled = read_after(run_id=run.id, after_seq=0, limit=1000)
-    assert len(journaled) == 305
-    assert b"".join(writes) == wire.sse_frames(run.id, journaled).encode()
+    _assert_sent_the_journal(run.id, writes)
 
 
 def test_pages_read_ahead_in_an_outage_are_read_again_and_none_left_unretrieved(
@@ -289,12 +310,7 @@ def test_pages_read_ahead_in_an_outage_are_read_again_and_none_left_unretrieved(
     both pages read ahead fail. The reader waits the outage out and reads on
     from where it was, each seq once; the failed read it let go unawaited is
     not reported by asyncio as an exception never retrieved."""
-    monkeypatch.setattr(subscribe_module, "PAGE_FIRST_ROWS", 5)
-    monkeypatch.setattr(subscribe_module, "FRAME_PAGE_BYTES", 2048)
-    monkeypatch.setattr(subscribe_module, "READ_AHEAD", {connection.vendor: 2})
-    run = running_run(alice[0])
-    for i in range(0, 300, 50):
-        append(run_id=run.id, token=1, events=_tokens(50, start=i))
+    run = _paged_run(alice[0], monkeypatch, read_ahead=2)
     down = threading.Event()
     failed: list[int] = []  # the seq after which each failed read began
 
@@ -310,28 +326,21 @@ def test_pages_read_ahead_in_an_outage_are_read_again_and_none_left_unretrieved(
     monkeypatch.setattr(subscribe_module, "read_frames", flaky)
     reported: list[dict] = []
 
+    async def at_first_page() -> None:  # both pages read ahead fail
+        await wait_until_async(lambda: len(set(failed)) == 2)
+        down.clear()
+
     async def main() -> list[bytes]:
         asyncio.get_running_loop().set_exception_handler(
             lambda _loop, context: reported.append(context)
         )
-        writes: list[bytes] = []
-        stream = subscribe_frames(run.id, wire.SSE, after_seq=0, idle_s=0.2)
-        async with aclosing(stream) as batches:
-            async for batch in batches:
-                if batch and not writes:  # the first page; both ahead fail
-                    await wait_until_async(lambda: len(set(failed)) == 2)
-                    down.clear()
-                    await _publish(run.id, _tokens(4, start=300))
-                    await _publish(run.id, [END])
-                writes += batch
+        writes = await _replay_to_the_end(run.id, at_first_page)
         gc.collect()
         await asyncio.sleep(0)  # callbacks the collection scheduled
         return writes
 
     writes = asyncio.run(asyncio.wait_for(main(), 30))
-    journaled = read_after(run_id=run.id, after_seq=0, limit=1000)
-    assert len(journaled) == 305
-    assert b"".join(writes) == wire.sse_frames(run.id, journaled).encode()
+    _assert_sent_the_journal(run.id, writes)
     assert [c["message"] for c in reported] == []
 
 
