@@ -12,6 +12,9 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
 - `interval:S`: the journal committer's ticks at most every S seconds, however
   many runs they carry (`chat.writer.tick_interval`: 30 ms, stretching to 50
   ms from 80 to 160 runs in a tick).
+- `cohorts:N` or `cohorts:N/K`: the journal committer's runs tick in cohorts
+  from N runs streaming (`chat.writer.COHORT_RUNS`, 20), K of them
+  (`chat.writer.COHORTS`, 2).
 - `gc-threshold:N`: the collector's young generation collected after N net
   allocations of container objects instead of CPython's 700;
   `gc-threshold:N/M/K` sets the three thresholds (CPython's 700, 10, 10).
@@ -266,6 +269,13 @@ def apply() -> set[str]:
 
             seconds = float(name.split(":", 1)[1])
             chat.writer.INTERVAL_S = chat.writer.INTERVAL_MAX_S = seconds
+        if name.startswith("cohorts:"):
+            import chat.writer
+
+            runs, _, count = name.split(":", 1)[1].partition("/")
+            chat.writer.COHORT_RUNS = int(runs)
+            if count:
+                chat.writer.COHORTS = int(count)
         if name.startswith("rest-per-cpu:"):
             from journal import dbpool
 

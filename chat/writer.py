@@ -15,7 +15,7 @@ From `COHORT_RUNS` runs streaming, the runs tick in `COHORTS` cohorts (writers
 take turns joining them), each cohort once per interval and the cohorts'
 ticks evenly spaced: a statement carries a share of the runs, so what it adds
 to a token's latency is a share of what one statement for all would, and the
-loop publishes to a share of the streams at a time (finding 38).
+loop publishes to a share of the streams at a time (findings 38 and 41).
 
 Faults, and what each costs:
 
@@ -59,7 +59,7 @@ log = logging.getLogger(__name__)
 INTERVAL_S = 0.03  # 25–50 ms: one row carries a chunk of text, latency stays low
 INTERVAL_MAX_S = 0.05  # with many runs streaming (tick_interval)
 CROWD_RUNS = (80, 160)  # the interval stretches between these runs in a tick
-COHORT_RUNS = 40  # from this many runs streaming, they tick in cohorts
+COHORT_RUNS = 20  # from this many runs streaming, they tick in cohorts
 COHORTS = 2  # a crowd's cohorts, their ticks evenly spaced within the interval
 MAX_BYTES = 2048  # commit early once a run has this much text waiting
 BACKOFF_MAX_S = 1.0  # retry an unreachable database at least this often
