@@ -92,6 +92,72 @@ def test_a_receive_with_nothing_waiting_blocks_until_a_message_comes(redis_url):
     assert asyncio.run(go()) == {"type": "t", "n": 7}
 
 
+async def _command_calls(connection) -> dict[str, int]:
+    """How many times the server ran each command since its counts were reset."""
+    stats = await connection.info("commandstats")
+    return {name.removeprefix("cmdstat_"): v["calls"] for name, v in stats.items()}
+
+
+def test_a_burst_is_read_with_a_blocking_pop_and_takes_only(redis_url):
+    """While receives wait, the reader blocks on a pop of one message and
+    takes the rest of the burst after it: it never runs the stock blocking
+    read, whose clean-up script goes by EVAL (the layer's own scripts, the
+    senders' here included, go by EVALSHA). Every message is handed over
+    once, in order, and none is left in the backup queue."""
+
+    async def go():
+        layer = _layer(redis_url)
+        channels = [await layer.new_channel() for _ in range(10)]
+        for i, channel in enumerate(channels):
+            await layer.group_add(f"burst{i}", channel)
+        connection = layer.connection(0)
+        await connection.config_resetstat()
+        got: dict[str, list[int]] = {channel: [] for channel in channels}
+
+        async def read(channel: str) -> None:
+            for _ in range(3):
+                got[channel].append((await layer.receive(channel))["n"])
+
+        reading = asyncio.gather(*(read(channel) for channel in channels))
+        for n in range(3):
+            while not all(len(got[c]) == n and layer._waiters.get(c) for c in channels):
+                await asyncio.sleep(0.01)  # every receive waits for burst n
+            await layer.group_send_many(
+                [(f"burst{i}", {"type": "t", "n": n}) for i in range(len(channels))]
+            )
+        await asyncio.wait_for(reading, 60)
+        await asyncio.gather(*layer.receive_cleaners)
+        calls = await _command_calls(connection)
+        inbox = layer.prefix + layer.non_local_name(channels[0])
+        left = await connection.zcard(layer._backup_channel_name(inbox))
+        await layer.close_pools()
+        return got, calls, left
+
+    got, calls, left = asyncio.run(go())
+    assert all(numbers == [0, 1, 2] for numbers in got.values()), got
+    assert calls.get("bzpopmin", 0) >= 1  # the reader blocked between bursts
+    assert calls.get("eval", 0) == 0, calls
+    assert left == 0
+
+
+def test_a_blocking_pop_that_times_out_is_waited_again(redis_url):
+    async def go():
+        layer = _layer(redis_url)
+        layer.brpop_timeout = 1
+        channel = await layer.new_channel()
+        connection = layer.connection(0)
+        await connection.config_resetstat()
+        receiving = asyncio.ensure_future(layer.receive(channel))
+        while (await _command_calls(connection)).get("bzpopmin", 0) < 2:
+            await asyncio.sleep(0.1)  # the first pop timed out, a second waits
+        await layer.send(channel, {"type": "t", "n": 3})
+        message = await asyncio.wait_for(receiving, 60)
+        await layer.close_pools()
+        return message
+
+    assert asyncio.run(go()) == {"type": "t", "n": 3}
+
+
 def test_group_send_many_queues_each_message_for_every_live_member(redis_url):
     """Two script calls for a whole tick (`group_send_many`): every group's
     members get their message in order, whether they share a process inbox,
