@@ -289,11 +289,14 @@ class HermesRedisChannelLayer(RedisChannelLayer):
             channel, collections.deque(maxlen=self.capacity)
         )
 
+    def _inbox(self, inbox: str) -> tuple[str, Any]:
+        """The inbox's key, and a connection to the server that holds it."""
+        return self.prefix + inbox, self.connection(self.consistent_hash(inbox))
+
     async def _take_waiting(self, inbox: str) -> list[tuple[Any, dict]]:
         """Every message waiting in the inbox, up to `RECEIVE_BATCH`, in order."""
-        key = self.prefix + inbox
+        key, connection = self._inbox(inbox)
         backup = self._backup_channel_name(key)
-        connection = self.connection(self.consistent_hash(inbox))
         await self.receive_clean_locks.acquire(key)
         try:
             taken = await _script(_TAKE_SCRIPT, connection)(
@@ -326,8 +329,7 @@ class HermesRedisChannelLayer(RedisChannelLayer):
         reader hands a popped message over with nothing awaited in between,
         and its next take puts back whatever a take left behind.
         """
-        key = self.prefix + inbox
-        connection = self.connection(self.consistent_hash(inbox))
+        key, connection = self._inbox(inbox)
         popped = await connection.bzpopmin(key, timeout=self.brpop_timeout)
         if popped is None:
             return None

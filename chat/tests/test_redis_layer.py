@@ -2,6 +2,7 @@
 against a redis-server of its own."""
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -92,6 +93,14 @@ def test_a_receive_with_nothing_waiting_blocks_until_a_message_comes(redis_url):
     assert asyncio.run(go()) == {"type": "t", "n": 7}
 
 
+async def _counted(url: str) -> tuple[HermesRedisChannelLayer, Any]:
+    """A layer, and a connection to its server with the command counts reset."""
+    layer = _layer(url)
+    connection = layer.connection(0)
+    await connection.config_resetstat()
+    return layer, connection
+
+
 async def _command_calls(connection) -> dict[str, int]:
     """How many times the server ran each command since its counts were reset."""
     stats = await connection.info("commandstats")
@@ -106,12 +115,10 @@ def test_a_burst_is_read_with_a_blocking_pop_and_takes_only(redis_url):
     once, in order, and none is left in the backup queue."""
 
     async def go():
-        layer = _layer(redis_url)
+        layer, connection = await _counted(redis_url)
         channels = [await layer.new_channel() for _ in range(10)]
         for i, channel in enumerate(channels):
             await layer.group_add(f"burst{i}", channel)
-        connection = layer.connection(0)
-        await connection.config_resetstat()
         got: dict[str, list[int]] = {channel: [] for channel in channels}
 
         async def read(channel: str) -> None:
@@ -142,11 +149,9 @@ def test_a_burst_is_read_with_a_blocking_pop_and_takes_only(redis_url):
 
 def test_a_blocking_pop_that_times_out_is_waited_again(redis_url):
     async def go():
-        layer = _layer(redis_url)
+        layer, connection = await _counted(redis_url)
         layer.brpop_timeout = 1
         channel = await layer.new_channel()
-        connection = layer.connection(0)
-        await connection.config_resetstat()
         receiving = asyncio.ensure_future(layer.receive(channel))
         while (await _command_calls(connection)).get("bzpopmin", 0) < 2:
             await asyncio.sleep(0.1)  # the first pop timed out, a second waits
