@@ -13,8 +13,8 @@ NOT product code. `HERMES_WHATIF` is a comma list of:
   many runs they carry (`chat.writer.tick_interval`: 30 ms, stretching to 50
   ms from 80 to 160 runs in a tick).
 - `cohorts:N` or `cohorts:N/K`: the journal committer's runs tick in cohorts
-  from N runs streaming (`chat.writer.COHORT_RUNS`, 20), K of them
-  (`chat.writer.COHORTS`, 2).
+  from N runs streaming (`chat.writer.COHORT_RUNS`, 20), K of them on either
+  database (`chat.writer.COHORTS`: 4 on PostgreSQL, 2 on SQLite).
 - `gc-threshold:N`: the collector's young generation collected after N net
   allocations of container objects instead of CPython's 700;
   `gc-threshold:N/M/K` sets the three thresholds (CPython's 700, 10, 10).
@@ -275,7 +275,7 @@ def apply() -> set[str]:
             runs, _, count = name.split(":", 1)[1].partition("/")
             chat.writer.COHORT_RUNS = int(runs)
             if count:
-                chat.writer.COHORTS = int(count)
+                chat.writer.COHORTS = dict.fromkeys(chat.writer.COHORTS, int(count))
         if name.startswith("rest-per-cpu:"):
             from journal import dbpool
 

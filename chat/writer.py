@@ -11,11 +11,15 @@ events keep coming each tick starts one interval after the one before. With
 hundreds of runs streaming, one commit per tick instead of one per run is what
 keeps the worker's write path cheap, and the interval stretches to 50 ms for
 them, so that each event carries more text (docs/benchmarks.md, finding 23).
-From `COHORT_RUNS` runs streaming, the runs tick in `COHORTS` cohorts (writers
-take turns joining them), each cohort once per interval and the cohorts'
-ticks evenly spaced: a statement carries a share of the runs, so what it adds
-to a token's latency is a share of what one statement for all would, and the
-loop publishes to a share of the streams at a time (findings 38 and 41).
+From `COHORT_RUNS` runs streaming, the runs tick in cohorts (writers take
+turns joining them), each cohort once per interval and the cohorts' ticks
+evenly spaced: a statement carries a share of the runs, so what it adds to a
+token's latency is a share of what one statement for all would, and the loop
+publishes to a share of the streams at a time (findings 38 and 41). On
+PostgreSQL a crowd ticks in four cohorts, on SQLite in two (`COHORTS`): a
+statement that closely follows the last costs the client and the database
+server about half what one after a pause does; SQLite's statement makes no
+round trip, and more ticks would only cost CPU (finding 44).
 
 Faults, and what each costs:
 
@@ -47,6 +51,7 @@ from collections import deque
 from collections.abc import Callable
 
 from django.conf import settings
+from django.db import connection
 
 from journal import dbpool, metrics
 from journal.events import TEXT_EVENT_CHARS, storable
@@ -60,7 +65,8 @@ INTERVAL_S = 0.03  # 25–50 ms: one row carries a chunk of text, latency stays 
 INTERVAL_MAX_S = 0.05  # with many runs streaming (tick_interval)
 CROWD_RUNS = (80, 160)  # the interval stretches between these runs in a tick
 COHORT_RUNS = 20  # from this many runs streaming, they tick in cohorts
-COHORTS = 2  # a crowd's cohorts, their ticks evenly spaced within the interval
+# A crowd's cohorts, by database: their ticks evenly spaced within the interval.
+COHORTS = {"postgresql": 4, "sqlite": 2}
 MAX_BYTES = 2048  # commit early once a run has this much text waiting
 BACKOFF_MAX_S = 1.0  # retry an unreachable database at least this often
 BUFFER_MAX_CHARS = 8 * 2**20  # per run, while its appends cannot land
@@ -241,9 +247,10 @@ class _Committer:
     def __init__(self):
         self._waiting: dict[BatchWriter, None] = {}  # an ordered set
         self._enlisted = 0  # writers made so far: the next one's cohort
+        self._cohorts = COHORTS.get(connection.vendor, COHORTS["sqlite"])
         # The writers of the last cohorts' ticks (but the one due next): with
         # those waiting now, the runs streaming.
-        self._recent: deque[set[BatchWriter]] = deque(maxlen=COHORTS - 1)
+        self._recent: deque[set[BatchWriter]] = deque(maxlen=self._cohorts - 1)
         self._wake = asyncio.Event()
         self._backoff = 0.0  # > 0 while the database is out of reach
         self._outage_began: float | None = None
@@ -260,7 +267,7 @@ class _Committer:
     def enlist(self) -> int:
         """A new writer's cohort: writers take turns, so cohorts stay even."""
         self._enlisted += 1
-        return self._enlisted % COHORTS
+        return self._enlisted % self._cohorts
 
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
@@ -287,10 +294,10 @@ class _Committer:
                 # A crowd ticks a cohort at a time, each once per interval:
                 # each statement carries a share of the runs, and the loop
                 # publishes a share of them at once (docs/benchmarks.md,
-                # finding 38).
+                # findings 38 and 44).
                 waiting, turn = self._cohort(turn)
                 self._recent.append(set(waiting))
-                interval = tick_interval(crowd) / COHORTS
+                interval = tick_interval(crowd) / self._cohorts
             else:
                 waiting = list(self._waiting)
                 self._waiting.clear()
@@ -306,8 +313,8 @@ class _Committer:
     def _cohort(self, turn: int) -> tuple[list[BatchWriter], int]:
         """The waiting writers of the cohort whose turn it is (or of the next
         with any waiting), taken out of the waiting set; and the next turn."""
-        for step in range(COHORTS):
-            cohort = (turn + step) % COHORTS
+        for step in range(self._cohorts):
+            cohort = (turn + step) % self._cohorts
             taken = [w for w in self._waiting if w.cohort == cohort]
             if taken:
                 break
@@ -315,7 +322,7 @@ class _Committer:
             del self._waiting[writer]
         if self._waiting:
             self._wake.set()  # the other cohorts' turn comes next
-        return taken, (cohort + 1) % COHORTS
+        return taken, (cohort + 1) % self._cohorts
 
     async def _commit(self, waiting: list[BatchWriter]) -> None:
         began = time.perf_counter()

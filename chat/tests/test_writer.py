@@ -9,6 +9,7 @@ import asyncio
 import json
 
 import pytest
+from django.db import connection
 
 from chat import writer as writer_module
 from chat.writer import BatchWriter, EventsNotStored, tick_interval
@@ -294,16 +295,17 @@ def test_a_run_whose_buffer_outgrows_its_bound_is_told_once(alice, monkeypatch):
     assert "".join(json.loads(p)["text"] for _, p in _rows(run)) == "x" * 200
 
 
+@pytest.mark.parametrize("count", [2, 4])
 def test_a_crowd_ticks_in_cohorts_each_once_per_interval(
-    alice, bob, monkeypatch, committer_sleeps
+    alice, bob, monkeypatch, committer_sleeps, count
 ):
     """From `COHORT_RUNS` runs streaming, a tick takes one cohort's runs and the
     next cohort's tick comes a share of the interval later; every run is
     still committed once per interval, each in its own cohort's ticks. The
-    sleeps are noted, not slept, so the machine's pace cannot change what is
-    seen."""
+    count is the one `COHORTS` gives this test's database. The sleeps are
+    noted, not slept, so the machine's pace cannot change what is seen."""
     monkeypatch.setattr(writer_module, "COHORT_RUNS", 4)
-    monkeypatch.setattr(writer_module, "COHORTS", 2)
+    monkeypatch.setitem(writer_module.COHORTS, connection.vendor, count)
     monkeypatch.setattr(writer_module, "INTERVAL_S", 100.0)
     monkeypatch.setattr(writer_module, "INTERVAL_MAX_S", 100.0)
     waits = committer_sleeps
@@ -315,7 +317,7 @@ def test_a_crowd_ticks_in_cohorts_each_once_per_interval(
         return store_append_many(batches, **kwargs)
 
     monkeypatch.setattr(writer_module, "append_many", spy)
-    runs = [running_run(user[0]) for user in (alice, bob, alice, bob)]
+    runs = [running_run(user[0]) for user in (alice, bob) * 4]
 
     async def write():
         writers = [BatchWriter(run_id=r.id, token=1) for r in runs]
@@ -328,14 +330,14 @@ def test_a_crowd_ticks_in_cohorts_each_once_per_interval(
         return writers
 
     writers = asyncio.run(write())
-    cohorts = {c: {w.run_id for w in writers if w.cohort == c} for c in range(2)}
-    assert all(len(members) == 2 for members in cohorts.values())
-    # Four ticks, the cohorts taking turns; the first tick came at once.
-    assert len(ticks) == 4
-    assert ticks[0] in cohorts.values()
-    assert [ticks[0], ticks[1]] == [ticks[2], ticks[3]]
-    assert ticks[0] | ticks[1] == set(cohorts[0]) | set(cohorts[1])
-    assert len(waits) == 3
-    assert all(0 < wait <= 50 for wait in waits)
+    cohorts = [{w.run_id for w in writers if w.cohort == c} for c in range(count)]
+    assert all(len(members) == len(runs) // count for members in cohorts)
+    # The cohorts take turns, in the same order each round; the first tick
+    # came at once, each later one a share of the interval after the last.
+    assert len(ticks) == 2 * count
+    assert ticks[:count] == ticks[count:]
+    assert sorted(ticks[:count], key=min) == sorted(cohorts, key=min)
+    assert len(waits) == 2 * count - 1
+    assert all(0 < wait <= 100 / count for wait in waits)
     for run in runs:
         assert [json.loads(p)["text"] for _, p in _rows(run)] == ["0", "1"]
