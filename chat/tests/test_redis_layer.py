@@ -24,6 +24,20 @@ def _layer(url: str) -> HermesRedisChannelLayer:
     return HermesRedisChannelLayer(hosts=[url], prefix="layer-test", capacity=10_000)
 
 
+def _inbox_of(layer, channel: str) -> tuple[str, str, Any]:
+    """The process inbox `channel`'s messages queue in, as the layer reads it:
+    its key, its backup queue's key, and a connection to its server."""
+    key, connection = layer._inbox(layer.non_local_name(channel))
+    return key, layer._backup_channel_name(key), connection
+
+
+async def _left_in_backup(layer, channel: str) -> int:
+    """What the inbox's backup queue holds once every clean-up has run."""
+    await asyncio.gather(*layer.receive_cleaners)
+    _key, backup, connection = _inbox_of(layer, channel)
+    return await connection.zcard(backup)
+
+
 async def _drain(layer, channels: list[str], each: int) -> dict[str, list[int]]:
     async def one(channel: str) -> list[int]:
         return [(await layer.receive(channel))["n"] for _ in range(each)]
@@ -42,10 +56,7 @@ def test_many_waiting_messages_reach_their_channels_in_order_once(redis_url):
             for channel in channels:
                 await layer.send(channel, {"type": "t", "n": n})
         got = await _drain(layer, channels, count)
-        inbox = layer.prefix + layer.non_local_name(channels[0])
-        connection = layer.connection(layer.consistent_hash(inbox))
-        await asyncio.gather(*layer.receive_cleaners)
-        left = await connection.zcard(layer._backup_channel_name(inbox))
+        left = await _left_in_backup(layer, channels[0])
         await layer.close_pools()
         return got, left
 
@@ -60,16 +71,13 @@ def test_a_take_interrupted_before_the_hand_over_is_read_again(redis_url):
         channel = await layer.new_channel()
         for n in range(5):
             await layer.send(channel, {"type": "t", "n": n})
-        inbox = layer.prefix + layer.non_local_name(channel)
-        backup = layer._backup_channel_name(inbox)
-        connection = layer.connection(layer.consistent_hash(inbox))
+        inbox, backup, connection = _inbox_of(layer, channel)
         # What a take leaves when it is interrupted after Redis ran it: the
         # first three moved to the backup queue, never handed over.
         taken = await connection.zpopmin(inbox, 3)
         await connection.zadd(backup, dict(taken))
         got = await _drain(layer, [channel], 5)
-        await asyncio.gather(*layer.receive_cleaners)
-        left = await connection.zcard(backup)
+        left = await _left_in_backup(layer, channel)
         await layer.close_pools()
         return got[channel], left
 
@@ -133,10 +141,8 @@ def test_a_burst_is_read_with_a_blocking_pop_and_takes_only(redis_url):
                 [(f"burst{i}", {"type": "t", "n": n}) for i in range(len(channels))]
             )
         await asyncio.wait_for(reading, 60)
-        await asyncio.gather(*layer.receive_cleaners)
+        left = await _left_in_backup(layer, channels[0])
         calls = await _command_calls(connection)
-        inbox = layer.prefix + layer.non_local_name(channels[0])
-        left = await connection.zcard(layer._backup_channel_name(inbox))
         await layer.close_pools()
         return got, calls, left
 
