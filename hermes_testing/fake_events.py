@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from hermes_testing.fake_llm import FakeLLM, RecordedRequest
 
 #: The fault fields of a scripted reply, in the order they are looked at.
-FAULTS = ("cut", "stall", "malformed", "error")
+FAULTS = ("cut", "stall", "malformed", "error", "done")
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",

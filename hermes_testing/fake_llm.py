@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import threading
@@ -27,6 +28,7 @@ from typing import Any
 
 from hermes_testing.fake_events import SSE_HEADERS, PeerStream, schedule
 from hermes_testing.fake_wire import (
+    DONE_FRAME,
     Reply,
     Request,
     completion,
@@ -107,6 +109,15 @@ class FakeLLM:
         self.models_fault: int | None = None
         self.models_delay_s = 0.0  # and a pause before answering it
         self.models_requests = 0
+        # What llama.cpp's Python server does by default (`interrupt_requests`):
+        # any request that arrives while an answer streams ends that answer at
+        # once with `data: [DONE]` and no finish reason, in a body without a
+        # Content-Length that ends cleanly.
+        self.interrupt_requests = False
+        # What chat templates that need alternating roles do: two user or two
+        # assistant messages in a row answer 400 (the template's own words).
+        self.strict_roles = False
+        self._streaming: set[_StreamWriter] = set()
 
     # --- scripting and records (any thread) --------------------------------
     @property
@@ -142,6 +153,7 @@ class FakeLLM:
             self._default = self._initial_default
             self.models_fault = None
             self.models_delay_s = 0.0
+            self.interrupt_requests = self.strict_roles = False
 
     @property
     def requests(self) -> list[RecordedRequest]:
@@ -314,6 +326,9 @@ class FakeLLM:
         """Answer one request; returns (keep the connection, client closed it)."""
         method, path, route = request.method, request.path, request.route
         authorised, writer = self._bearer_ok(request), conn.writer
+        if self.interrupt_requests:
+            for stream in list(self._streaming):
+                stream.interrupt()
         if method == "POST" and route == "/v1/chat/completions":
             rec, reply = self._record(request, authorised, conn)
             return await self._chat(rec, reply, authorised, conn.reader, writer)
@@ -401,6 +416,11 @@ class FakeLLM:
             await self._send_error(writer, rec, 400, "body is not JSON", "bad")
         elif reply.status != 200:
             await self._send_scripted_error(writer, rec, reply)
+        elif self.strict_roles and not _alternating(rec.messages):
+            message = (
+                "Conversation roles must alternate user/assistant/user/assistant/..."
+            )
+            await self._send_error(writer, rec, 400, message, "invalid_request_error")
         elif not rec.body.get("stream"):
             await self._send_json(writer, 200, completion(reply, rec.body), rec)
         else:
@@ -452,6 +472,15 @@ class FakeLLM:
         await writer.drain()
 
 
+def _alternating(messages: list[dict[str, Any]]) -> bool:
+    """No two user or two assistant messages in a row (tool results between
+    an assistant's calls and its next words are fine)."""
+    roles = [m.get("role") for m in messages if isinstance(m, dict)]
+    return not any(
+        a == b and a in ("user", "assistant") for a, b in itertools.pairwise(roles)
+    )
+
+
 def _last_user_text(messages: Any) -> str | None:
     """The last user message's text (a string, or the text of content blocks)."""
     if not isinstance(messages, list):
@@ -483,12 +512,24 @@ class _StreamWriter(PeerStream):
     ) -> None:
         super().__init__(fake, rec, reader, writer)
         self.reply = reply
+        self.interrupted = False
 
     async def run(self) -> bool:
         """Send the reply; returns whether the client closed the connection."""
         frames, length = self.plan()
-        head = response_head(200, {**SSE_HEADERS, "Content-Length": str(length)})
-        return await self.stream(head, lambda: self._send(frames))
+        headers = dict(SSE_HEADERS)
+        if not self.fake.interrupt_requests:
+            headers["Content-Length"] = str(length)
+        head = response_head(200, headers)
+        self.fake._streaming.add(self)
+        try:
+            return await self.stream(head, lambda: self._send(frames))
+        finally:
+            self.fake._streaming.discard(self)
+
+    def interrupt(self) -> None:
+        """Another request came: end the answer with ``[DONE]`` (no finish)."""
+        self.interrupted = True
 
     def plan(self) -> tuple[list[bytes], int]:
         """The frames to send and the Content-Length to declare."""
@@ -507,6 +548,11 @@ class _StreamWriter(PeerStream):
             await self.until_due(at + held_s)
             if self.peer_closed.is_set():
                 return
+            if self.interrupted:
+                self.rec.last_byte_at = time.monotonic()
+                self.writer.write(DONE_FRAME)
+                await self.writer.drain()
+                return
             # Set before the write, so a client that read the frame finds it.
             self.rec.last_byte_at = time.monotonic()  # a float store is atomic
             self.sending(frame)
@@ -524,7 +570,7 @@ class _StreamWriter(PeerStream):
         hold, began = self.reply.hold, time.monotonic()
         assert hold is not None, "hold_after_chunks needs a hold event"
         self.fake._update(self.rec, held_at=began)
-        while not hold.is_set() and not self.peer_closed.is_set():
+        while not (hold.is_set() or self.peer_closed.is_set() or self.interrupted):
             await asyncio.sleep(0.01)  # a threading.Event, set by the test
         return time.monotonic() - began
 

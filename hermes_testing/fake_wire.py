@@ -19,6 +19,7 @@ from hermes_testing.fake_events import fault_of, planned, visible_prefix
 MAX_HEADER_BYTES = 64 * 1024  # more than any client of ours sends; bounds a bad peer
 MAX_BODY_BYTES = 32 * 2**20  # long conversations, not unbounded ones
 MALFORMED_FRAME = b"data: {not json\n\n"
+DONE_FRAME = b"data: [DONE]\n\n"
 
 
 def _default_usage() -> dict[str, int]:
@@ -58,6 +59,10 @@ class Reply:
     stall_after_chars: int | None = None
     #: Send this many chars, then ``data: {not json``, then close.
     malformed_after_chars: int | None = None
+    #: Send this many chars, then ``data: [DONE]`` with no finish reason, and
+    #: end the body cleanly (what llama.cpp's Python server sends when it
+    #: interrupts an answer for another request).
+    done_after_chars: int | None = None
     finish_reason: str | None = None  # None: "tool_calls" if tool calls, else "stop"
     #: After this many chunks, send nothing more until ``hold`` is set (the
     #: test's "now go on"): a run that streams for as long as a test needs.
@@ -260,10 +265,10 @@ def plan_stream(reply: Reply, body: dict[str, Any]) -> tuple[list[bytes], int]:
     or a stall the whole reply)."""
     render = Renderer(body)
     pieces = [p for p in build_pieces(reply) if render.wanted(p)]
-    full = [*map(render, pieces), b"data: [DONE]\n\n"]
+    full = [*map(render, pieces), DONE_FRAME]
     return planned(
         full,
         fault_of(reply),
         lambda limit: cut_frames(pieces, limit, render),
-        {"malformed": MALFORMED_FRAME},
+        {"malformed": MALFORMED_FRAME, "done": DONE_FRAME},
     )

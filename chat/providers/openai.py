@@ -6,7 +6,10 @@ events, with every transport fault after headers translated, are
 ``chat/turn.py``). Here, after headers:
 
 - a chunk that is not JSON, or an ``error`` object mid-stream → ``provider``
-- a body that ends before ``finish_reason``/``[DONE]`` → ``network``
+- a stream that ends without a ``finish_reason``, whatever ends it (``[DONE]``,
+  the end of the body, a clean close) → ``network``: llama.cpp's Python
+  server, for one, ends an answer it interrupts with ``[DONE]`` and no finish
+  reason, so only a finish reason says an answer is whole
 
 both ``retryable=True`` and ``during_stream=True``. Closing the generator (or
 cancelling the task that is iterating it) closes the HTTP response at once, so
@@ -84,13 +87,16 @@ class OpenAIProvider(HTTPProvider):
                     if type(item) is Finish:
                         finished = True
                     yield item
-        if not (done or finished):
+        if not finished:
             raise ProviderError(
                 NETWORK,
-                "stream ended before a finish_reason or [DONE]",
+                "stream ended without a finish_reason"
+                + (" ([DONE] came first)" if done else ""),
                 retryable=True,
                 during_stream=True,
-                reason="stream ended early",
+                reason="ended without a finish reason"
+                if done
+                else "stream ended early",
             )
 
 

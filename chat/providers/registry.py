@@ -34,6 +34,7 @@ from datetime import UTC, datetime
 
 import httpx
 from django.conf import settings
+from django.db import connection
 
 from ..checks import PROVIDER_OPTIONS, provider_entry_problems
 from .anthropic import API_VERSION, AnthropicProvider
@@ -115,6 +116,12 @@ class Listing:
     `MODELS_RETRY_S` while failing); requests read what is there and never
     wait, except the very first of a process, which waits up to
     `FIRST_LISTING_WAIT_S` for the first answer.
+
+    Never sent while that provider streams an answer (`upstream_busy`): some
+    servers end the answer they are streaming when any other request reaches
+    them (llama.cpp's Python server by default), so a listing would cut an
+    answer as a side effect. A busy provider's refresh is put off and looked
+    at again every `MODELS_RETRY_S`.
     """
 
     def __init__(self, config: ProviderConfig):
@@ -123,6 +130,7 @@ class Listing:
         self.ok_at: float | None = None  # monotonic time of the last good answer
         self.ok_at_wall: float | None = None
         self.error = ""  # why the last refresh failed ("" when it did not)
+        self.put_off = False  # the last refresh waited for the provider's streams
         self.failing_since: float | None = None
         self.tried_at = 0.0
         self._lock = threading.Lock()
@@ -139,7 +147,7 @@ class Listing:
 
     def refresh_if_due(self) -> None:
         now = time.monotonic()
-        every = MODELS_RETRY_S if self.error else MODELS_CACHE_S
+        every = MODELS_RETRY_S if self.error or self.put_off else MODELS_CACHE_S
         with self._lock:
             running = self._thread is not None and self._thread.is_alive()
             if running or (self.tried_at and now - self.tried_at < every):
@@ -155,6 +163,13 @@ class Listing:
     def _refresh(self) -> None:
         config = self.config
         headers = config.listing_headers()
+        self.put_off = upstream_busy(config.name)
+        if self.put_off:
+            log.info(
+                "listing the models of provider %s put off: it streams", config.name
+            )
+            self._first.set()
+            return
         try:
             response = httpx.get(
                 f"{config.base_url.rstrip('/')}/models",
@@ -204,6 +219,26 @@ class Listing:
             "listed_at": _iso(self.ok_at_wall),
             "models_listed": len(self.models),
         }
+
+
+def upstream_busy(name: str) -> bool:
+    """Whether provider `name` streams an answer now, in this process or any
+    other (a running run's turn names its provider)."""
+    provider = _providers.get(name)
+    if provider is not None and provider.active_requests > 0:
+        return True
+    from journal.models import Run  # late: models are not loaded at import time
+
+    from ..models import Turn
+
+    try:
+        return Turn.objects.filter(
+            provider=name, run__status=Run.Status.RUNNING
+        ).exists()
+    except Exception:  # no database here (a test without one, an outage)
+        return False
+    finally:
+        connection.close()  # this thread's own connection
 
 
 def _describe(exc: Exception) -> str:

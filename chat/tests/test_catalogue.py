@@ -5,14 +5,16 @@ See docs/operating.md, "Model catalogue failing".
 """
 
 import logging
+import threading
 import time
 
 import httpx
 
 from chat.providers import registry
-from hermes_testing.api import new_session, stream, text_of
+from hermes_testing.api import new_session, start_run, stream, text_of
 from hermes_testing.fake_llm import Reply
 from hermes_testing.harness import wait_until
+from journal.models import Run
 
 
 def models(server, headers) -> dict:
@@ -88,3 +90,52 @@ def test_a_listing_that_never_answered_fails_open(server, alice, fake_llm):
     body = models(server, alice[1])
     assert body["providers"]["openai"]["listing"] == "failing"
     assert registry.is_known_model("other-model")  # the provider decides
+
+
+def test_no_listing_reaches_a_provider_while_it_streams(
+    server, alice, fake_llm, live_worker, monkeypatch
+):
+    # llama.cpp's Python server cuts the answer it streams when any other
+    # request reaches it (the fake does the same); a listing must wait.
+    assert listing(server, alice[1]) == "ok"
+    monkeypatch.setattr(registry, "MODELS_CACHE_S", 0.0)  # every look is due
+    monkeypatch.setattr(registry, "MODELS_RETRY_S", 0.0)
+    fake_llm.interrupt_requests = True
+    hold = threading.Event()
+    fake_llm.push(Reply(text="A whole answer.", hold_after_chunks=2, hold=hold))
+    session_id = new_session(server, alice[1])
+    run_id = start_run(server, alice[1], session_id, "hi")
+    fake_llm.wait_held(0)
+    seen = fake_llm.models_requests
+    for _ in range(3):
+        models(server, alice[1])  # each look would have listed
+    hold.set()
+    assert text_of(stream(server, alice[1], run_id)) == "A whole answer."
+    assert fake_llm.post_count == 1  # not cut, so not resumed
+    assert fake_llm.models_requests == seen
+    wait_until(lambda: models(server, alice[1]) and fake_llm.models_requests > seen)
+
+
+def test_an_answer_cut_by_another_request_is_resumed_never_completed(
+    server, alice, fake_llm, live_worker
+):
+    # Whatever reaches the server mid-answer (here a second chat's request),
+    # the cut answer ends with [DONE] and no finish reason: the run resumes,
+    # keeps the partial once, and ends with the rest.
+    fake_llm.interrupt_requests = True
+    hold = threading.Event()
+    fake_llm.route("first", Reply(text="Once upon", hold_after_chunks=2, hold=hold))
+    fake_llm.route("first", Reply(text=" a time."))
+    fake_llm.route("second", Reply(text="Other."))
+    first = start_run(server, alice[1], new_session(server, alice[1]), "first")
+    fake_llm.wait_held(0)
+    second = start_run(server, alice[1], new_session(server, alice[1]), "second")
+    assert text_of(stream(server, alice[1], second)) == "Other."
+    events = stream(server, alice[1], first)
+    assert text_of(events) == "Once a time."
+    statuses = [d["message"] for _, kind, d in events if kind == "status"]
+    assert any("stream-resume 1/" in m for m in statuses), statuses
+    assert any("ended without a finish reason" in m for m in statuses), statuses
+    assert Run.objects.get(id=first).status == Run.Status.COMPLETED
+    resumed = [r for r in fake_llm.requests if r.messages[-1]["role"] == "assistant"]
+    assert [r.messages[-1]["content"] for r in resumed] == ["Once"]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import threading
 import time
 from typing import Any
 
@@ -177,6 +178,43 @@ def test_body_cut_is_a_network_stream_fault(fake):
     assert error is not None and error.category == "network"
     assert error.during_stream and error.retryable and error.reason == "body cut"
     assert "payload is not completed" in error.message  # the client library's words
+
+
+@pytest.mark.parametrize("after", [0, 5])
+def test_done_without_a_finish_reason_is_a_cut_not_a_whole_answer(fake, after):
+    # llama.cpp's Python server ends an answer it interrupts with [DONE] and no
+    # finish reason, in a body that ends cleanly: the answer is not whole.
+    fake.push(Reply(text="Hello world", done_after_chars=after))
+    items, error, _ = run(lambda: provider_for(fake))
+    assert text(items, ContentDelta) == "Hello"[:after]
+    assert not any(isinstance(i, Finish) for i in items)
+    assert error is not None and error.category == "network"
+    assert error.during_stream and error.retryable
+    assert error.reason == "ended without a finish reason"
+
+
+def test_a_listing_that_interrupts_an_answer_cuts_it(fake):
+    # The fake does what llama-cpp-python does by default: another request,
+    # even `GET /v1/models`, ends a streaming answer with [DONE] and no finish
+    # reason, in a body with no Content-Length that the server closes cleanly.
+    fake.interrupt_requests = True
+    hold = threading.Event()
+    fake.push(Reply(text="Hello world", hold_after_chunks=2, hold=hold))
+
+    async def main():
+        provider = provider_for(fake)
+        try:
+            reader = asyncio.create_task(collect(provider))
+            await asyncio.to_thread(fake.wait_held, 0)
+            assert await provider.list_models() == ["fake-model"]
+            return await reader
+        finally:
+            await provider.aclose()
+
+    items, error = asyncio.run(main())
+    assert text(items, ContentDelta) == "Hell"
+    assert error is not None and error.reason == "ended without a finish reason"
+    assert fake.requests[0].closed_by == "server"
 
 
 def test_malformed_chunk_is_a_provider_stream_fault(fake):
