@@ -1,10 +1,14 @@
 """The admin's read-only page of MCP tool servers: `/admin/mcp-servers/`
 (docs/operating.md, "MCP tool servers").
 
-Each configured server with its transport, bounds and approval policy, and the
-tools it lists now, from a session opened for the page and closed again. An
-entry's `env` values and any credential in its URL or arguments are never
-shown (chat.redact).
+Each configured server with its transport, bounds and approval policy. The
+tools each server lists are asked for only on an explicit action (the page's
+*List tools now* button, a POST), from a session opened for it and closed
+again: a stdio server is a process this web process starts, so a plain view
+(a reload, a prefetch, a crawler of the admin) starts none. The page is for
+superusers only (docs/security.md, "The MCP servers page"): it shows commands
+and starts processes. An entry's `env` values and any credential in its URL
+or arguments are never shown (chat.redact).
 """
 
 from __future__ import annotations
@@ -14,7 +18,8 @@ from dataclasses import dataclass, field
 
 from asgiref.sync import async_to_sync
 from django.contrib import admin
-from django.http import HttpRequest, HttpResponse
+from django.core.exceptions import PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseNotAllowed
 from django.template.response import TemplateResponse
 from mcp.types import Tool as MCPTool
 
@@ -79,10 +84,29 @@ def _without_userinfo(url: str) -> str:
     return f"{scheme}{sep}{host.rpartition('@')[2]}{slash}{path}"
 
 
+def may_see_servers(user) -> bool:
+    """Superusers only: staff without it see neither the commands nor start
+    the servers (the admin's own check lets every staff account in)."""
+    return bool(user.is_active and user.is_superuser)
+
+
 def mcp_servers_view(request: HttpRequest) -> HttpResponse:
+    """GET: the configured servers, none started. POST (*List tools now*,
+    CSRF-checked like any admin form): each server asked for its tools."""
+    if not may_see_servers(request.user):
+        raise PermissionDenied("the MCP servers page is for superusers")
+    if request.method not in ("GET", "HEAD", "POST"):
+        return HttpResponseNotAllowed(["GET", "HEAD", "POST"])
+    listed = request.method == "POST"
+    reports = (
+        async_to_sync(server_reports)()
+        if listed
+        else [ServerReport(server) for server in configured_servers()]
+    )
     context = {
         **admin.site.each_context(request),
         "title": "MCP tool servers",
-        "reports": async_to_sync(server_reports)(),
+        "reports": reports,
+        "listed": listed,
     }
     return TemplateResponse(request, "admin/mcp_servers.html", context)

@@ -1,5 +1,6 @@
 """The admin's page of MCP tool servers (chat.mcp_admin): each configured
-server with the tools it lists now, secrets left out."""
+server, and on the page's explicit action the tools it lists now, secrets
+left out; for superusers only."""
 
 import socket
 import sys
@@ -32,7 +33,7 @@ def test_the_page_lists_servers_and_their_tools_without_secrets(admin_client, se
             {"name": "gone", "url": url, "connect_timeout_s": 2},
         ],
     }
-    response = admin_client.get("/admin/mcp-servers/")
+    response = admin_client.post("/admin/mcp-servers/")
     assert response.status_code == 200
     page = response.content.decode()
     reports = {r.server.name: r for r in response.context["reports"]}
@@ -51,3 +52,47 @@ def test_the_page_is_for_staff_only(client, django_user_model):
     client.force_login(django_user_model.objects.create_user("carol"))
     response = client.get("/admin/mcp-servers/")
     assert response.status_code == 302 and "/admin/login/" in response["Location"]
+
+
+def _staff(django_user_model, name: str, **flags):
+    return django_user_model.objects.create_user(name, is_staff=True, **flags)
+
+
+def test_staff_without_superuser_may_not_see_or_start_servers(
+    client, django_user_model, settings, tmp_path
+):
+    marker = tmp_path / "started"
+    settings.HERMES = {**settings.HERMES, "MCP_SERVERS": [_marking_server(marker)]}
+    client.force_login(_staff(django_user_model, "stan"))
+    for method in (client.get, client.post):
+        response = method("/admin/mcp-servers/")
+        assert response.status_code == 403
+        assert b"mark" not in response.content
+    assert not marker.exists()
+
+
+def _marking_server(marker) -> dict:
+    """A stdio entry whose process leaves `marker` behind when started."""
+    return {
+        "name": "mark",
+        "command": sys.executable,
+        "args": ["-c", f"open({str(marker)!r}, 'w').close()"],
+        "connect_timeout_s": 10,
+    }
+
+
+def test_a_plain_view_starts_no_server_and_the_action_does(
+    admin_client, settings, tmp_path
+):
+    marker = tmp_path / "started"
+    settings.HERMES = {**settings.HERMES, "MCP_SERVERS": [_marking_server(marker)]}
+    shown = admin_client.get("/admin/mcp-servers/")
+    assert shown.status_code == 200
+    page = shown.content.decode()
+    assert "mark" in page and 'data-testid="mcp-list-tools"' in page
+    assert not marker.exists()  # the page was drawn without starting it
+    listed = admin_client.post("/admin/mcp-servers/")
+    assert listed.status_code == 200
+    # The process ran (and ended at once: the server is reported unavailable).
+    assert marker.exists()
+    assert listed.context["reports"][0].error
