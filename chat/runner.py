@@ -33,9 +33,9 @@ from django.db import transaction
 from django.utils import timezone
 
 from journal import dbpool, metrics
-from journal.events import storable
+from journal.events import REATTACH_STATUS, storable
 from journal.fold import usage_sum
-from journal.leases import Claim
+from journal.leases import Claim, run_hand_over
 from journal.logcontext import run_logging
 from journal.models import Run
 from journal.publish import publish
@@ -86,8 +86,45 @@ def session_history(*, session_id: int, run_id: str | None = None) -> list[dict]
     by_id = Message.objects.in_bulk(path)
     files = attachments.by_message(path)
     vision = _takes_images(session, run_id) if files else False
-    history.extend(_wire(by_id[pk], files.get(pk, []), vision) for pk in path)
+    for pk in path:
+        _add_alternating(history, _wire(by_id[pk], files.get(pk, []), vision))
     return history
+
+
+def _add_alternating(history: list[dict], message: dict) -> None:
+    """Append `message`, joined to the last one when both are plain messages of
+    one role: chat templates that need user and assistant turns to alternate
+    (many local models') refuse or misread two in a row. They come in a row
+    after a resume (the partials of one answer: joined as they were shown) and
+    after a run that failed before any text (two questions: a blank line
+    between). Each message's text is still sent once, in order."""
+    last = history[-1] if history else None
+    role = message["role"]
+    if (
+        last is None
+        or role not in ("user", "assistant")
+        or last["role"] != role
+        or last.get("tool_calls")
+        or message.get("tool_calls")
+    ):
+        history.append(message)
+        return
+    joint = "" if role == "assistant" else "\n\n"
+    last["content"] = _joined(last["content"], message["content"], joint)
+
+
+def _joined(first: str | list, second: str | list, joint: str) -> str | list:
+    """Two messages' content as one: text joined, or content parts listed."""
+    if isinstance(first, str) and isinstance(second, str):
+        return first + joint + second if first and second else first + second
+    parts = []
+    for content in (first, second):
+        if isinstance(content, str):
+            if content:
+                parts.append({"type": "text", "text": content})
+        else:
+            parts.extend(content)
+    return parts
 
 
 def _takes_images(session: ChatSession, run_id: str | None) -> bool:
@@ -330,7 +367,9 @@ class RunControl:
     """How the worker stops a run: `stop` is raced by every read; `reason` says why."""
 
     stop: asyncio.Event = field(default_factory=asyncio.Event)
-    reason: str = ""  # "cancel" (the user) or "shutdown" (the worker is stopping)
+    # "cancel" (the user), "shutdown" (the worker is stopping, no other is
+    # alive) or "handover" (it is stopping and another worker goes on).
+    reason: str = ""
 
     def request(self, reason: str) -> None:
         self.reason = self.reason or reason
@@ -434,6 +473,9 @@ async def _drive(
     finally:
         if clock is not None:
             clock.cancel()
+    if result.outcome == CANCELLED_OUTCOME and control.reason == HANDOVER:
+        handed = diagnostics, usage, budget, started
+        return await _hand_over(claim, writer, sink, result, handed)
     if result.outcome == CANCELLED_OUTCOME and control.reason != "fenced":
         # A worker fenced out leaves the response to the one that took over.
         await _cancel_upstream(provider, result.upstream)
@@ -570,6 +612,69 @@ async def _wait(claim: Claim, writer: BatchWriter, request: dict, waited) -> str
     await publish(claim.run_id, records)
     log.info("run waits for approval run_id=%s tool=%s", claim.run_id, request["name"])
     return Run.Status.WAITING
+
+
+HANDOVER = "handover"  # RunControl reason: the worker stops, another goes on
+HANDED_OVER = "Retry attempt: handed over; the worker writing it stopped"
+
+
+async def _hand_over(claim, writer: BatchWriter, sink: _Sink, result, handed) -> str:
+    """The worker is stopping and another is alive: give the run back to the
+    queue instead of ending it (journal.leases.run_hand_over). The text shown
+    so far stays in the journal; the next worker resumes the run from there,
+    as after a lost worker: re-attached to a response kept upstream
+    (`chat.reattach`, nothing kept here), else the partial kept once now and
+    the conversation, ending with it, sent again (rule 3)."""
+    diagnostics, usage, budget, started = handed
+    reattach = result.upstream is not None
+    note = f"{REATTACH_STATUS} after the worker stopped" if reattach else HANDED_OVER
+    try:
+        await writer.flush()
+        if not reattach and (result.content or result.reasoning):
+            await sink.commit_partial(result.content, result.reasoning)
+        diagnostics = {
+            **diagnostics,
+            "duration_ms": diagnostics["duration_ms"]
+            + round((time.monotonic() - started) * 1000),
+            "journal_rows": diagnostics["journal_rows"] + writer.rows_written,
+            "steps": budget.steps - 1,  # the next worker does this step again
+            "tool_calls": budget.tool_calls,
+        }
+        records = await _write(
+            _hand_over_write,
+            claim,
+            confirm=lambda: _handed_over(claim, writer.last_seq),
+            events=[("status", {"message": note})],
+            turn_fields={
+                "usage": _usage_event(usage) if usage else {},
+                "diagnostics": diagnostics,
+            },
+        )
+    except AppendRejected as exc:
+        log.warning("run fenced out, stopping run_id=%s (%s)", claim.run_id, exc.reason)
+        return "fenced"
+    finally:
+        writer.close()
+    await publish(claim.run_id, records)
+    return Run.Status.QUEUED
+
+
+def _hand_over_write(claim: Claim, *, events: list, turn_fields: dict):
+    with transaction.atomic():
+        records = run_hand_over(run_id=claim.run_id, token=claim.token, events=events)
+        Turn.objects.filter(run_id=claim.run_id).update(**turn_fields)
+        return records
+
+
+def _handed_over(claim: Claim, after_seq: int) -> list | None:
+    """Whether `_hand_over_write` committed: [] if so (the journal has it)."""
+    run = Run.objects.filter(id=claim.run_id).first()
+    if run is not None and run.fencing_token == claim.token:
+        return None
+    mine = read_after(run_id=claim.run_id, after_seq=after_seq, limit=1)
+    if mine and mine[0].type == "status" and "stopped" in mine[0].payload:
+        return []
+    raise AppendRejected(claim.run_id, "lease lost")
 
 
 def _release(claim: Claim, *, request: dict, until, turn_fields: dict):

@@ -9,8 +9,11 @@ Every worker also reaps: it sleeps until the earliest lease of any running run
 lapses (plus `REAP_MARGIN_S`), then settles the runs whose worker is gone, so a
 dead worker's run ends within its lease and about a second whether or not
 anyone reads it; runs waiting for an approval past their deadline end the same
-way (chat.approvals). A run whose executor raises is settled at once as `failed` /
-`worker-error` by its own worker. During a database outage the worker keeps
+way (chat.approvals). A worker asked to stop claims nothing more and, while
+another worker is alive, hands each run it holds over at once: the run is
+queued again at its journal position and the next claim resumes it (`stop`).
+A run whose executor raises is settled at once as `failed` / `worker-error` by
+its own worker. During a database outage the worker keeps
 its runs (chat.writer) and renews their leases every `RENEW_RETRY_S` until the
 database answers; reapers give it a lease's grace after an outage
 (journal.leases).
@@ -36,9 +39,11 @@ from journal.leases import (
     claims_held_by,
     lease_renew,
     next_lease_expiry,
+    other_workers_alive,
     reap_lost_runs,
     run_claim_next,
     run_settle,
+    worker_leaves,
 )
 from journal.models import Run
 from journal.outages import CHANNEL_LAYER, Backoff, outage
@@ -47,7 +52,7 @@ from journal.waits import next_wait_expiry, reap_expired_waits
 
 from . import approvals, mcp_tools, pending
 from .providers import registry
-from .runner import RunControl, execute_run
+from .runner import HANDOVER, RunControl, execute_run
 from .services import WORKERS_GROUP
 from .writer import EventsNotStored
 
@@ -58,6 +63,18 @@ CANCEL_POLL_S = 0.5  # cancel requests read from the database: stop within a sec
 RENEW_RETRY_S = 0.5  # lease renewals while the database is out of reach
 REAP_MARGIN_S = 0.25  # reap this long after the earliest lease lapses
 REAP_RECHECK_S = 1.0  # a lapsed lease not reaped yet (outage grace): look again
+STOP_CLAIM_WAIT_S = 10.0  # a stop waits this long for a claim in flight
+HANDOVER_WAIT_S = 10.0  # past the grace, for hand-overs held up by an outage
+
+
+async def close_providers() -> None:
+    """Close the model clients' pooled connections on this loop (aiohttp would
+    warn of an unclosed session and connector at exit otherwise)."""
+    for provider in registry.built().values():
+        try:
+            await provider.aclose()  # type: ignore[attr-defined]
+        except Exception:
+            log.warning("closing a model client failed", exc_info=True)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -94,6 +111,7 @@ class Worker:
         self.stopping = False
         self._nudge = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
+        self._claim_task: asyncio.Task | None = None
         self._channel: str | None = None
         self._troubled: dict[str, float] = {}  # failing loops, since when
         # A claim met a connection error: it may have committed unanswered.
@@ -116,27 +134,78 @@ class Worker:
             self._tasks.append(
                 asyncio.create_task(loop(), name=f"worker {loop.__name__}")
             )
+        self._claim_task = self._tasks[0]
         log.info(
             "worker started id=%s concurrency=%d", self.worker_id, self.concurrency
         )
 
     async def stop(self, grace_s: float = 30.0) -> None:
-        """Stop claiming; let held runs finish for `grace_s`, then settle them."""
+        """Stop claiming at once; hand the runs held over, or finish them.
+
+        While another worker is alive each run is handed over now
+        (`HANDOVER`: its text so far journaled, the run queued again, resumed
+        from the journal by the next claim; docs/operating.md, "Rolling
+        restart"). With no other worker the runs may finish for `grace_s`,
+        and what outlives it ends `interrupted` / `worker-shutdown`, its text
+        kept once (Retry asks again).
+        """
         self.stopping = True
         self._nudge.set()
-        running = [task for _, _, task in self.held.values()]
-        if running:
-            _, pending = await asyncio.wait(running, timeout=grace_s)
-            for _claim, control, _task in list(self.held.values()):
-                control.request("shutdown")
-            if pending:
-                await asyncio.wait(pending, timeout=10)
+        if self._claim_task is not None:  # a claim in flight lands in `held`
+            await asyncio.wait([self._claim_task], timeout=STOP_CLAIM_WAIT_S)
+        others = await self._leave_heartbeats()
+        if self.held and others:
+            log.info(
+                "worker stopping: handing %d run(s) over to %d other worker(s)",
+                len(self.held),
+                others,
+            )
+            await self._stop_runs(HANDOVER, timeout=grace_s + HANDOVER_WAIT_S)
+        elif self.held:
+            running = [task for _, _, task in self.held.values()]
+            await asyncio.wait(running, timeout=grace_s)
+            await self._stop_runs("shutdown", timeout=10)
+        if others:
+            await self._nudge_others()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         await self._leave()
         await mcp_tools.close_sessions()
+        await close_providers()
         log.info("worker stopped id=%s", self.worker_id)
+
+    async def _stop_runs(self, reason: str, *, timeout: float) -> None:
+        held = list(self.held.values())
+        for _claim, control, _task in held:
+            control.request(reason)
+        if held:
+            await asyncio.wait([task for _, _, task in held], timeout=timeout)
+
+    async def _leave_heartbeats(self) -> int:
+        """Drop this worker's heartbeat; how many other workers are alive.
+
+        0 when the database cannot say: the runs then end here, as before.
+        """
+        try:
+            await dbpool.writers.run(worker_leaves, worker_id=self.worker_id)
+            return await dbpool.readers.run(
+                other_workers_alive, worker_id=self.worker_id, max_age_s=self.lease_s
+            )
+        except Exception as exc:
+            log.warning(
+                "worker stopping: other workers unknown (%s); ending its runs here",
+                _first_line(exc),
+            )
+            return 0
+
+    async def _nudge_others(self) -> None:
+        """Tell the other workers that runs are queued (they also poll)."""
+        try:
+            layer = get_channel_layer()
+            await layer.group_send(WORKERS_GROUP, {"type": "worker.nudge"})
+        except Exception as exc:
+            outage(CHANNEL_LAYER).failed("worker nudge", exc)
 
     async def _join(self) -> None:
         """Join the workers' group on a fresh channel; polling covers a failure."""
@@ -242,7 +311,7 @@ class Worker:
                     claim = None
                 else:
                     self._untroubled("claim")
-                if claim is not None and not self.stopping:
+                if claim is not None:  # even while stopping: stop() hands it over
                     self._launch(claim)
                     continue
             self._nudge.clear()
@@ -308,9 +377,12 @@ class Worker:
                     )
                     for run_id in lost:  # another process took it over: stop quietly
                         self._cancel(run_id, "fenced")
-                await dbpool.writers.run(
-                    worker_beat, worker_id=self.worker_id, active_runs=len(self.held)
-                )
+                if not self.stopping:  # a stopping worker takes no runs over
+                    await dbpool.writers.run(
+                        worker_beat,
+                        worker_id=self.worker_id,
+                        active_runs=len(self.held),
+                    )
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

@@ -25,6 +25,11 @@ last event other than text and re-attach notices is an `upstream` cursor) is
 not settled but queued again, at most `MAX_REQUEUES` times, with a status
 saying so: the worker that claims it re-attaches to the response its provider
 keeps upstream (docs/architecture.md, "Two cursors").
+A worker asked to stop hands each run it holds over (`run_hand_over`): one
+fenced transaction journals why, bumps the token and queues the run again, and
+another worker claims it and resumes it from the journal, as it would a lost
+worker's run; only a worker that sees no other alive (`other_workers_alive`)
+ends its runs instead (chat.worker).
 Lease times are the processes' clocks (keep them in sync with NTP); the
 fencing token, not the clock, is what guarantees a taken-over worker writes
 nothing.
@@ -42,7 +47,7 @@ from django.utils import timezone
 
 from . import dbpool
 from .events import REATTACH_STATUS
-from .models import Event, Run
+from .models import Event, Run, WorkerHeartbeat
 from .signals import run_settled, run_settling
 from .store import AppendRejected, Record, append
 
@@ -181,6 +186,47 @@ def lease_renew(*, claims: list[Claim], lease_s: float) -> set[str]:
             still = set(mine.values_list("id", flat=True))
             lost |= {c.run_id for c in batch if c.run_id not in still}
     return lost
+
+
+def run_hand_over(*, run_id: str, token: int, events: list) -> list[Record]:
+    """Give a running run back to the queue, journal position and all.
+
+    A worker that is stopping calls this for each run it holds instead of
+    ending it: `events` (a status saying why) are appended under `token`, the
+    token is bumped (nothing of the old claim can write again) and the run is
+    queued with no holder, so the next worker's claim resumes it from its
+    journal (chat.runner: no second `start`; the text shown so far stays).
+    AppendRejected if the claim no longer holds the run.
+    """
+    with transaction.atomic():
+        records = append(run_id=run_id, token=token, events=events)
+        moved = Run.objects.filter(
+            id=run_id, fencing_token=token, status=Run.Status.RUNNING
+        ).update(
+            status=Run.Status.QUEUED,
+            fencing_token=F("fencing_token") + 1,
+            lease_owner="",
+            lease_expires_at=None,
+        )
+        if not moved:
+            raise AppendRejected(run_id, "lease lost")
+    log.info("run handed over run_id=%s", run_id)
+    return records
+
+
+def other_workers_alive(*, worker_id: str, max_age_s: float) -> int:
+    """Workers other than `worker_id` that beat within `max_age_s` seconds."""
+    since = timezone.now() - timedelta(seconds=max_age_s)
+    return (
+        WorkerHeartbeat.objects.filter(seen_at__gte=since)
+        .exclude(worker_id=worker_id)
+        .count()
+    )
+
+
+def worker_leaves(*, worker_id: str) -> None:
+    """Forget a stopping worker's heartbeat: no one hands it a run any more."""
+    WorkerHeartbeat.objects.filter(worker_id=worker_id).delete()
 
 
 def cancel_requested(*, run_ids: list[str]) -> set[str]:

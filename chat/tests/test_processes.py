@@ -11,18 +11,20 @@ from asgiref.sync import async_to_sync
 from django.utils import timezone
 
 from chat.models import Message
+from chat.runner import HANDED_OVER
 from chat.services import journal_text
 from chat.worker import Worker
-from hermes_testing.api import LONG, start_run, stream, text_of
+from hermes_testing.api import LONG, new_session, start_run, stream, text_of
 from hermes_testing.fake_llm import Reply
 from hermes_testing.harness import (
     read_sse,
     running_run,
     spawn,
+    spawn_logged,
     subprocess_env,
     wait_until,
 )
-from hermes_testing.workers import LEASE_S, spawn_worker, start_slow_run
+from hermes_testing.workers import LEASE_S, _worker_env, spawn_worker, start_slow_run
 from journal.leases import reap_lost_runs
 from journal.models import Event, Run
 from journal.publish import append_and_publish
@@ -87,6 +89,97 @@ def test_sigterm_stops_claiming_and_settles_what_outlives_the_grace_period(
         )
     )
     assert kept == [text_of(events)]
+
+
+HANDOVER_TEXT = "".join(f"w{i} naïve 🙂 " for i in range(200))
+
+
+def test_sigterm_hands_a_run_over_to_the_other_worker_which_finishes_it_once(
+    server, alice, fake_llm, tmp_path
+):
+    """A worker asked to stop while another is alive hands its run over at
+    once: the other resumes it from the journal (no second `start`), the
+    model is sent the text shown so far, and the answer is whole and once."""
+    hold = threading.Event()  # never set: the first stream stays open
+    chunks = 40  # the role frame, then 39 chunks of 4 characters
+    shown = HANDOVER_TEXT[: 4 * (chunks - 1)]
+    fake_llm.push(
+        Reply(text=HANDOVER_TEXT, chunk_chars=4, hold_after_chunks=chunks, hold=hold),
+        Reply(text=HANDOVER_TEXT[len(shown) :], chunk_chars=4, tokens_per_s=200),
+    )
+    stopping = spawn_logged(
+        ["manage.py", "worker", "--concurrency", "2", "--grace", "30"],
+        _worker_env(fake_llm),
+        tmp_path / "stopping.log",
+        "running",
+    )
+    other = None
+    try:
+        session_id = new_session(server, alice[1])
+        run_id = start_run(server, alice[1], session_id, "talk at length")
+        fake_llm.wait_held(0, timeout=90)
+        wait_until(lambda: journal_text(run_id=run_id) == shown, timeout=60)
+        other = spawn_worker(fake_llm)
+        signalled = time.monotonic()
+        stopping.send_signal(signal.SIGTERM)
+        assert stopping.wait(30) == 0
+        assert time.monotonic() - signalled < 10  # at once, not after the grace
+        events = stream(server, alice[1], run_id)
+    finally:
+        stopping.kill()
+        if other is not None:
+            other.send_signal(signal.SIGTERM)
+            other.wait(30)
+    end = events[-1][2]
+    assert (end["status"], end["terminal_state"]) == ("completed", "completed")
+    assert text_of(events) == HANDOVER_TEXT == journal_text(run_id=run_id)
+    assert [kind for _, kind, _ in events].count("start") == 1
+    notes = [data["message"] for _, kind, data in events if kind == "status"]
+    assert notes == [HANDED_OVER]
+    resumed = [(m["role"], m["content"]) for m in fake_llm.requests[1].messages]
+    assert resumed == [("user", "talk at length"), ("assistant", shown)]
+    kept = "".join(
+        Message.objects.filter(session_id=session_id, role="assistant")
+        .order_by("id")
+        .values_list("content", flat=True)
+    )
+    assert kept == HANDOVER_TEXT
+    log = (tmp_path / "stopping.log").read_text()
+    assert "handing 1 run(s) over" in log
+    assert "Unclosed" not in log  # the model clients were closed (issue 41.9)
+
+
+def test_sigterm_with_no_other_worker_ends_the_run_resumable_keeping_its_text(
+    server, alice, fake_llm, tmp_path
+):
+    """The last worker does not hand over (nobody would take the run): after
+    its grace the run ends `interrupted` / `worker-shutdown`, text kept once."""
+    hold = threading.Event()
+    fake_llm.push(Reply(text=LONG, chunk_chars=2, hold_after_chunks=10, hold=hold))
+    proc = spawn_logged(
+        ["manage.py", "worker", "--concurrency", "2", "--grace", "0.5"],
+        _worker_env(fake_llm),
+        tmp_path / "last.log",
+        "running",
+    )
+    try:
+        session_id = new_session(server, alice[1])
+        run_id = start_run(server, alice[1], session_id, "talk slowly")
+        fake_llm.wait_held(0, timeout=90)
+        wait_until(lambda: journal_text(run_id=run_id) == LONG[:18], timeout=60)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+    finally:
+        proc.kill()
+    run = Run.objects.get(id=run_id)
+    assert (run.status, run.terminal_state) == ("interrupted", "worker-shutdown")
+    kept = list(
+        Message.objects.filter(session_id=session_id, role="assistant").values_list(
+            "content", flat=True
+        )
+    )
+    assert kept == [LONG[:18]]
+    assert "Unclosed" not in (tmp_path / "last.log").read_text()
 
 
 def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
