@@ -11,7 +11,10 @@ the chat (`ChatSession.title_by_user`): a rename always wins. The owner's tabs
 hear "session updated" and refetch their sidebar.
 """
 
+import asyncio
+import contextlib
 import logging
+import re
 
 from django.conf import settings
 from django.db import transaction
@@ -30,7 +33,6 @@ from .services import _announce_on_commit, _signal_workers
 log = logging.getLogger(__name__)
 
 SUBJECT_PREFIX = "chat.title:"
-TITLE_MAX_CHARS = 80  # a sidebar line; the model is asked for six words
 PROMPT_CHARS = 2000  # of the question and of the answer: enough to name a chat
 
 
@@ -61,18 +63,115 @@ def title_queue(*, session_id: int) -> Run | None:
     return run
 
 
+# What a title run reads, and how long it waits. The provider interface has
+# no output limit to ask for, so the run bounds what it reads instead: it
+# stops once a title line has come (a line, then a newline) or after
+# READ_MAX_CHARS, and gives up after TIME_LIMIT_S. Small local models answer
+# the conversation instead of naming it: a 1,215-character "title" took 17.7 s.
+READ_MAX_CHARS = 240
+TIME_LIMIT_S = 20.0
+TITLE_MAX_CHARS = 60  # a sidebar line; longer titles are cut on a word boundary
+REJECT_CHARS = 100  # a first line longer than this is an answer, not a title
+REJECT_WORDS = 12  # the model is asked for six words
+FALLBACK_WORDS = 6  # of the question, when the model gave no usable title
+
+# An answer that declines ("I'm sorry, …", "I cannot …") is not a title.
+_REFUSAL = re.compile(
+    r"^(?:i\s*(?:'m|am)\s+(?:sorry|afraid|unable|not able)|sorry\b|"
+    r"i\s+(?:cannot|can\s*not|can't|won't|will not|do not|don't)\b|"
+    r"i\s+apologi[sz]e|as an ai\b|unfortunately\b)",
+    re.IGNORECASE,
+)
+# A lead-in before the title itself: "Title:", "Sure! Here is a title: …".
+_LEAD_IN = re.compile(
+    r"^(?:(?:sure|okay|ok|certainly|of course)\b[!,.]?\s*)?"
+    r"(?:here(?:'s| is)\s+(?:a|the|your|my)\s+(?:short\s+|possible\s+)?)?"
+    r"(?:suggested\s+)?title(?:\s+for\s+[^:]*)?\s*(?:is\s*)?[:\-–—]\s*",
+    re.IGNORECASE,
+)
+_LIST_MARK = re.compile(r"^(?:[#>*+\-]+|\d+[.)])\s+")
+_INLINE_MARKUP = re.compile(r"(\*\*|__|`+|~~)")
+_QUOTES = "\"'“”‘’«»„`"
+_TRAILING = ".,:;…-–— \t"
+
+
+def _unmark(line: str) -> str:
+    """One line without Markdown markers (headings, list marks, emphasis,
+    code ticks), lead-ins ("Title:"), surrounding quotes or a trailing
+    '.', ',', ':', ';' or dash."""
+    line = line.strip()
+    for _ in range(3):  # "## **Title:** "x"" unwraps in a few passes
+        before = line
+        line = _LIST_MARK.sub("", line)
+        line = _INLINE_MARKUP.sub("", line).strip()
+        line = line.strip("*_#").strip()
+        line = _LEAD_IN.sub("", line).strip()
+        if len(line) >= 2 and line[0] in _QUOTES and line[-1] in _QUOTES:
+            line = line[1:-1].strip()
+        line = line.rstrip(_TRAILING).lstrip(_QUOTES).rstrip(_QUOTES).strip()
+        line = line.rstrip(_TRAILING)
+        if line == before:
+            break
+    return " ".join(line.split())
+
+
+def _title_line(text: str) -> str:
+    """The line a title is taken from: the first with words in it, skipping a
+    lead-in that ends with ':' ("Here is a title:") when a line follows it."""
+    lines = [line for line in text.splitlines() if _unmark(line)]
+    for index, line in enumerate(lines):
+        lead_in = line.rstrip().rstrip("*_").endswith(":")
+        if lead_in and index + 1 < len(lines):
+            continue
+        return line
+    return ""
+
+
+def title_read_enough(text: str) -> bool:
+    """Whether a title run has read enough of the answer to stop: a whole
+    title line (not a lead-in ending with ':') or READ_MAX_CHARS."""
+    if len(text) >= READ_MAX_CHARS:
+        return True
+    whole, newline, _ = text.rpartition("\n")
+    if not newline:
+        return False
+    line = _title_line(whole)
+    return bool(line) and not line.rstrip().rstrip("*_").endswith(":")
+
+
 def clean_title(text: str) -> str:
-    """The model's answer as a sidebar title: one line, no quotes or final
-    period, at most TITLE_MAX_CHARS."""
-    line = next((part for part in text.strip().splitlines() if part.strip()), "")
-    line = line.strip().strip("\"'“”‘’*#").strip().rstrip(".").strip()
-    if len(line) > TITLE_MAX_CHARS:
-        line = line[: TITLE_MAX_CHARS - 1].rstrip() + "…"
-    return line
+    """The model's answer as a sidebar title, or "" when it is none: one line,
+    without quotes, Markdown or a trailing '.', ',' or ':', cut on a word
+    boundary to TITLE_MAX_CHARS. A refusal ("I'm sorry, …") or an answer
+    longer than a title (REJECT_CHARS, REJECT_WORDS) gives ""."""
+    line = _unmark(_title_line(text))
+    flat = line.replace("’", "'")
+    if not line or _REFUSAL.match(flat):
+        return ""
+    if len(line) > REJECT_CHARS or len(line.split()) > REJECT_WORDS:
+        return ""
+    return _cut(line)
 
 
-def _prompt(run_id: str) -> tuple[int, str, str, list[dict]]:
-    """(session id, model, its provider now, messages) of a title run."""
+def _cut(line: str, limit: int = TITLE_MAX_CHARS) -> str:
+    """`line` in at most `limit` characters, cut after a whole word."""
+    if len(line) <= limit:
+        return line
+    head = line[: limit - 1]
+    if line[limit - 1] != " " and " " in head:
+        head = head.rsplit(" ", 1)[0]
+    return head.rstrip(_TRAILING) + "…"
+
+
+def fallback_title(question: str) -> str:
+    """The first words of the question: the title when the model gave none."""
+    words = _unmark(question.strip().split("\n")[0] if question.strip() else "")
+    return _cut(" ".join(words.split()[:FALLBACK_WORDS]).rstrip(_TRAILING + "?!"))
+
+
+def _prompt(run_id: str) -> tuple[int, str, str, list[dict], str]:
+    """(session id, model, its provider now, messages, the question) of a
+    title run."""
     run = Run.objects.get(id=run_id)
     session_id = int(run.subject[len(SUBJECT_PREFIX) :])
     turn = Turn.objects.filter(session_id=session_id).order_by("run_id").first()
@@ -93,40 +192,75 @@ def _prompt(run_id: str) -> tuple[int, str, str, list[dict]]:
             {"role": "system", "content": TITLE_INSTRUCTION},
             {"role": "user", "content": text},
         ],
+        question.content[:PROMPT_CHARS] if question else "",
     )
+
+
+async def _read_title(provider, model: str, messages: list[dict], control) -> str:
+    """The model's answer, read until a title line came, READ_MAX_CHARS or a
+    stop; the stream is closed at once (the server sees the socket close)."""
+    text = ""
+    stream = provider.stream(model, messages)
+    async with contextlib.aclosing(stream), asyncio.timeout(TIME_LIMIT_S):
+        async for item in stream:
+            if isinstance(item, ContentDelta):
+                text += item.text
+                if title_read_enough(text):
+                    break
+            if control.stop.is_set():
+                break
+    return text
 
 
 async def execute_title_run(claim: Claim, control) -> str:
-    """Run a claimed title run to its `end`; returns the status written."""
-    session_id, model, provider_name, messages = await dbpool.readers.run(
+    """Run a claimed title run to its `end`; returns the status written.
+
+    The model's answer is cleaned (`clean_title`); when it gives no title
+    (empty, a refusal, an answer longer than a title), or the model fails or
+    takes longer than TIME_LIMIT_S, the chat is named after the first words
+    of its question (`fallback_title`). An empty or unusable answer still
+    completes the run; a failure or a timeout ends it `failed`, with its
+    error, and the fallback title all the same."""
+    session_id, model, provider_name, messages, question = await dbpool.readers.run(
         _prompt, claim.run_id
     )
     provider = registry.get_provider(provider_name)
-    pieces: list[str] = []
     error = None
+    text = ""
     try:
-        async for item in provider.stream(model, messages):
-            if isinstance(item, ContentDelta):
-                pieces.append(item.text)
-            if control.stop.is_set():
-                break
+        text = await _read_title(provider, model, messages, control)
     except ProviderError as exc:
         error = {"category": exc.category, "message": exc.message}
-    title = "" if error else clean_title("".join(pieces))
+    except TimeoutError:
+        error = {
+            "category": "timeout",
+            "message": f"no title within {TIME_LIMIT_S:g} s",
+        }
+    title = "" if error else clean_title(text)
+    events: list = [("start", {"model": model, "provider": provider.name})]
     end: dict
     if control.stop.is_set():
         end = {"status": Run.Status.INTERRUPTED, "terminal_state": "worker-shutdown"}
         title = ""
-    elif error or not title:
-        error = error or {"category": "provider", "message": "the title was empty"}
-        end = {
-            "status": Run.Status.FAILED,
-            "terminal_state": "provider-error",
-            "error": error,
-        }
     else:
-        end = {"status": Run.Status.COMPLETED, "terminal_state": "completed"}
-    events: list = [("start", {"model": model, "provider": provider.name})]
+        if not title:
+            why = (
+                "the model failed"
+                if error
+                else "the model's answer was empty"
+                if not text.strip()
+                else "the model's answer was not a title"
+            )
+            events.append(("status", {"message": f"Title from the question: {why}"}))
+            title = fallback_title(question)
+        if error:
+            end = {
+                "status": Run.Status.FAILED,
+                "terminal_state": "provider-error",
+                "error": error,
+            }
+        else:
+            end = {"status": Run.Status.COMPLETED, "terminal_state": "completed"}
     if title:
         events.append(("token", {"text": title}))
     events.append(("end", end))

@@ -1,6 +1,9 @@
 """Titles generated after a chat's first answer (`chat.titles`): a run of its
 own, journaled, never a turn of the transcript; a user's name always wins."""
 
+import json
+import threading
+
 import httpx
 import pytest
 
@@ -160,9 +163,152 @@ def test_the_demo_model_titles_a_chat_too(
     [
         ('"Capital of France."', "Capital of France"),
         ("\n\n**Trip plans**\nmore text", "Trip plans"),
-        ("x" * 100, "x" * 79 + "…"),
+        ("x" * 100, "x" * 59 + "…"),
         ("   ", ""),
+        # What a small local model answered instead of a title (issue 41):
+        ("Capital of France:", "Capital of France"),
+        ("Weekend in Lisbon,", "Weekend in Lisbon"),
+        ("## Title: *Weekend in Lisbon*", "Weekend in Lisbon"),
+        ("Sure! Here is a title:\n\n“Weekend in Lisbon”", "Weekend in Lisbon"),
+        ("I'm sorry, but I cannot help with that.", ""),
+        ("I cannot write a title for this conversation", ""),
+        ("I’m unable to do that", ""),
+        # An answer's first line, which used to be cut at 80 characters.
+        (
+            "The capital of France is Paris, a city known for its art, "
+            "its food and the Eiffel Tower.",
+            "",
+        ),
+        # Longer than a sidebar line, short enough for a title: cut on a word.
+        (
+            "Planning a long weekend in Lisbon with trams, fado and pastries",
+            "Planning a long weekend in Lisbon with trams, fado and…",
+        ),
     ],
 )
 def test_clean_title(answer, title):
     assert clean_title(answer) == title
+    assert len(title) <= titles.TITLE_MAX_CHARS
+
+
+@pytest.mark.parametrize(
+    ("question", "title"),
+    [
+        ("What is the capital of France?", "What is the capital of France"),
+        ("hi", "hi"),
+        (
+            "Plan a weekend in Lisbon, please, with trams",
+            "Plan a weekend in Lisbon, please",
+        ),
+        ("", ""),
+    ],
+)
+def test_fallback_title_is_the_first_words_of_the_question(question, title):
+    assert titles.fallback_title(question) == title
+
+
+@pytest.mark.parametrize(
+    ("text", "enough"),
+    [
+        ("Capital of", False),
+        ("Capital of France\n", True),
+        ("Here is a title:\n", False),  # a lead-in: the title comes next
+        ("Here is a title:\n\nCapital of France\n", True),
+        ("x" * titles.READ_MAX_CHARS, True),
+    ],
+)
+def test_a_title_run_stops_reading_once_a_title_came(text, enough):
+    assert titles.title_read_enough(text) is enough
+
+
+QUESTION = "What is the capital of France?"
+FALLBACK = "What is the capital of France"  # its first words
+
+
+def _titled(server, headers, fake_llm, title_reply: Reply) -> Run:
+    """A chat's first exchange, then its title run answered `title_reply`;
+    the title run once it ended."""
+    session_id = _unnamed_session(server, headers)
+    fake_llm.push(Reply(text="Paris is the capital."), title_reply)
+    run_id = start_run(server, headers, session_id, QUESTION)
+    assert text_of(stream(server, headers, run_id)) == "Paris is the capital."
+    wait_until(
+        lambda: Run.objects.filter(subject=title_subject(session_id))
+        .exclude(status__in=Run.ACTIVE)
+        .exists()
+    )
+    return _title_run(session_id)
+
+
+def _chat_title(run: Run) -> str:
+    return ChatSession.objects.get(pk=int(run.subject.split(":")[1])).title
+
+
+@pytest.mark.parametrize(
+    ("answer", "title"),
+    [
+        ("Capital of France:", "Capital of France"),
+        ("Capital of France,\n", "Capital of France"),
+        ("**Title:** “Capital of France.”", "Capital of France"),
+        # A first line that used to become an 80-character cut title.
+        (
+            "The capital of France is Paris, which is also its largest city and "
+            "the home of the Eiffel Tower.\nIt has been the capital since 987.",
+            FALLBACK,
+        ),
+        ("I'm sorry, but I can't help with naming this conversation.", FALLBACK),
+    ],
+)
+def test_a_models_answer_is_cleaned_or_replaced_by_the_questions_words(
+    server, alice, fake_llm, live_worker, titles_on, answer, title
+):
+    run = _titled(server, alice[1], fake_llm, Reply(text=answer))
+    assert run.status == Run.Status.COMPLETED
+    assert _chat_title(run) == title
+    tokens = Event.objects.filter(run=run, type="token")
+    assert [json.loads(e.payload)["text"] for e in tokens] == [title]
+
+
+def test_an_empty_title_completes_the_run_named_after_the_question(
+    server, alice, fake_llm, live_worker, titles_on
+):
+    run = _titled(server, alice[1], fake_llm, Reply(text=""))
+    assert (run.status, run.terminal_state) == (Run.Status.COMPLETED, "completed")
+    assert _chat_title(run) == FALLBACK
+    (status,) = Event.objects.filter(run=run, type="status")
+    assert "empty" in json.loads(status.payload)["message"]
+
+
+def test_a_title_run_stops_reading_a_long_answer(
+    server, alice, fake_llm, live_worker, titles_on
+):
+    """A 1,215-character "title" (an answer, no line break early on): the
+    run reads a title's worth and closes the stream, without waiting for the
+    rest (which would never come: the server holds it back)."""
+    answer = ("Paris is the capital of France and its largest city. " * 23)[:1215]
+    held = threading.Event()
+    reply = Reply(text=answer, chunk_chars=4, hold_after_chunks=120, hold=held)
+    try:
+        run = _titled(server, alice[1], fake_llm, reply)
+        assert run.status == Run.Status.COMPLETED
+        assert _chat_title(run) == FALLBACK
+        # It hung up while the rest was still held back.
+        wait_until(lambda: fake_llm.requests[-1].closed_by == "client")
+        assert not held.is_set()
+    finally:
+        held.set()
+
+
+def test_a_slow_title_run_gives_up_and_names_the_chat_after_the_question(
+    server, alice, fake_llm, live_worker, titles_on, monkeypatch
+):
+    monkeypatch.setattr(titles, "TIME_LIMIT_S", 1.0)
+    held = threading.Event()
+    reply = Reply(text="Capital of France", hold_after_chunks=2, hold=held)
+    try:
+        run = _titled(server, alice[1], fake_llm, reply)
+        assert (run.status, run.error_category) == (Run.Status.FAILED, "timeout")
+        assert _chat_title(run) == FALLBACK
+        wait_until(lambda: fake_llm.requests[-1].closed_by == "client")
+    finally:
+        held.set()
