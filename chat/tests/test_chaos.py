@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import secrets
 import signal
+import threading
 import time
 from dataclasses import dataclass
 
@@ -336,6 +337,71 @@ def test_worker_paused_past_its_lease_is_fenced_and_writes_nothing(stack, model)
         assert (end["status"], end["terminal_state"]) == ("interrupted", "lost-worker")
     assert_completed_whole(verdicts, [c for c in cases if c not in paused])
     assert "run crashed" not in worker.log()  # fencing is not a crash
+
+
+HOLD_CHUNKS = 41  # the role frame, then 40 chunks of 4 characters: 160 shown
+
+
+def start_held_runs(stack: Stack, model: FakeLLM, count: int, chars: int):
+    """Runs whose model streams 160 characters and then holds (until its event
+    is set or the worker hangs up), scripted to go on with the rest of the
+    answer when asked again with those 160 characters as the assistant's:
+    a worker stopped at the hold leaves an exact, known position."""
+    users = stack.db.create_users(count)
+    web = stack.deployment.live_webs()[0]
+    cases, holds = [], []
+    for i, headers in enumerate(users):
+        content, text = f"held {secrets.token_hex(6)}", story(i, chars)
+        hold = threading.Event()
+        shown = 4 * (HOLD_CHUNKS - 1)
+        model.route(
+            content,
+            Reply(text=text, chunk_chars=4, hold_after_chunks=HOLD_CHUNKS, hold=hold),
+            Reply(text=text[shown:], chunk_chars=4, tokens_per_s=400),
+        )
+        session_id = new_session(web, headers)
+        run_id = start_run(web, headers, session_id, content)
+        cases.append(Case(run_id, session_id, headers, content, text))
+        holds.append(hold)
+    return cases, holds
+
+
+def test_worker_sigterm_hands_its_runs_to_the_other_which_finishes_them(stack, model):
+    """A deploy's SIGTERM to one worker: its runs in flight continue on the
+    other worker from their journal position, each answer whole and once."""
+    cases, holds = start_held_runs(stack, model, 6, chars=8000)
+    readers = follow(stack, cases)
+    shown = 4 * (HOLD_CHUNKS - 1)
+
+    def all_held() -> bool:
+        rows = stack.db.try_query(
+            "SELECT run_id, string_agg(payload::json->>'text', '' ORDER BY seq)"
+            " FROM journal_event WHERE run_id = ANY(%s) AND type = 'token'"
+            " GROUP BY run_id",
+            ([c.run_id for c in cases],),
+        )
+        texts = dict(rows or [])
+        return all(texts.get(c.run_id) == c.text[:shown] for c in cases)
+
+    wait_for(all_held, timeout=90, what="every run streamed up to its hold")
+    worker, handed = busiest_worker(stack, cases)
+    worker.send(signal.SIGTERM)
+    signalled = time.monotonic()
+    assert worker.proc is not None and worker.proc.wait(60) == 0
+    stopped_after = time.monotonic() - signalled
+    for hold in holds:  # the other worker's own runs go on to their end
+        hold.set()
+    wait_settled(stack, cases)
+    verdicts = check(stack, cases, readers)
+    assert_completed_whole(verdicts, cases)
+    assert stopped_after < 20, stopped_after  # at once, not after its 30 s grace
+    for case in handed:
+        kinds = [kind for _, kind, _ in verdicts[case.run_id].journal]
+        assert kinds.count("start") == 1
+        assert kinds.count("status") == 1  # the hand-over, said once
+    log = worker.log()
+    assert f"handing {len(handed)} run(s) over" in log
+    assert "Unclosed" not in log and "Traceback" not in log
 
 
 # --- readers -------------------------------------------------------------------------
