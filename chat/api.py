@@ -25,7 +25,7 @@ from journal.store import read_after, run_summary
 
 from . import api_schema, limits, pending, snapshot
 from .access import NotFound, run_get_for_owner, session_get_for_owner
-from .approvals import NotWaiting, approval_decide, approval_pending
+from .approvals import NotShown, NotWaiting, approval_decide, approval_pending
 from .attachments import AttachmentRefused, has_images, pending_for
 from .attachments import info as attachment_info
 from .models import Attachment, ChatSession, Message, Turn, turn_of
@@ -42,7 +42,7 @@ from .services import (
     session_update,
 )
 from .sse import pruned_response
-from .tree import Tree, branch_last_run, message_select
+from .tree import Tree, branch_last_run, ids_in, message_select
 
 IDEMPOTENCY_KEY_MAX = 200  # chat.Turn.idempotency_key's max_length
 MESSAGE_ID_MAX = 2**63 - 1  # a BigAutoField; larger ids fail in the database
@@ -288,7 +288,8 @@ class SessionMessages(generics.ListAPIView):
         files = Prefetch("attachments", queryset=Attachment.objects.defer("data"))
         messages = session.messages.prefetch_related(files)
         if branch == "active":
-            return messages.filter(pk__in=self.tree.active_path())
+            # One parameter however long the branch (`chat.tree.ids_in`).
+            return messages.filter(pk__in=ids_in(self.tree.active_path()))
         return messages.all()
 
     def get_serializer_context(self):
@@ -683,6 +684,7 @@ class RunApproval(APIView):
         run = _run_for(request, run_id)
         body = request.data if isinstance(request.data, dict) else {}
         decision, note = body.get("decision"), body.get("note", "")
+        shown = body.get("tool_call_id")  # the call the person was shown, if named
         if decision not in ("approve", "deny", "always"):
             return Response(
                 {"error": "decision must be 'approve', 'deny' or 'always'"},
@@ -692,12 +694,23 @@ class RunApproval(APIView):
             return Response(
                 {"error": "note must be text"}, status=status.HTTP_400_BAD_REQUEST
             )
+        if shown is not None and not isinstance(shown, str):
+            return Response(
+                {"error": "tool_call_id must be text"},
+                status=status.HTTP_400_BAD_REQUEST,
+            )
         try:
             decided = approval_decide(
                 run=run,
                 approve=decision != "deny",
                 note=note.strip(),
                 always=decision == "always",
+                tool_call_id=shown,
+            )
+        except NotShown:
+            return Response(
+                {"error": "the run waits for a decision on another tool call"},
+                status=status.HTTP_409_CONFLICT,
             )
         except NotWaiting:
             return Response(

@@ -12,6 +12,14 @@
 3. ``approval_decide`` journals the decision (``approval``) and queues the run
    again in one transaction; whichever worker claims it answers the call (runs
    it, or answers the model the denial) and the turn goes on.
+3a. A decision is bound to the one call that was shown and is used once. Each
+   call's journal id is unique within its run (``Gate.call_id``: the
+   provider's id the first time the run sees it, another one made from it, the
+   step and the call's place when the provider repeats an id, as some number
+   theirs per response); the model is still answered under its own id. The
+   decision applies only to the call with that journal id, tool name and
+   arguments, and only until that call is answered; the API may name the call
+   it showed (``tool_call_id``), and a decision naming another is refused.
 4. A run still waiting after ``HERMES_APPROVAL_TIMEOUT_S`` ends ``failed`` /
    ``approval-timeout`` (the worker's reaper, ``journal.waits``).
 """
@@ -20,7 +28,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
-from typing import Final
+from typing import Final, NamedTuple
 
 from django.conf import settings
 from django.db import transaction
@@ -47,6 +55,10 @@ class NotWaiting(Exception):
     """The run has no pending approval request (decided, ended or never asked)."""
 
 
+class NotShown(NotWaiting):
+    """The call the run waits on is not the one the decision names."""
+
+
 def policy(name: str) -> str:
     """The configured policy of tool ``name`` (module doc, rule 1)."""
     configured = settings.HERMES.get("TOOL_APPROVAL") or {}
@@ -65,35 +77,92 @@ def offered(schema: list[dict]) -> list[dict]:
     return [e for e in schema if policy(e["function"]["name"]) != DENY]
 
 
+class Verdict(NamedTuple):
+    """What to do with one call: ``rule`` (allow, ask or deny), a person's
+    ``note``, and whether a person's decision on this very call says so."""
+
+    rule: str
+    note: str = ""
+    decided: bool = False
+
+
 @dataclass
 class Gate:
-    """A run's view of approvals: the session's always-allowed tools and the
-    decisions journaled for this run, by tool call id."""
+    """A run's view of its tool calls and approvals (module doc, rule 3a): the
+    session's always-allowed tools, the journal ids the run has given its
+    calls, and the decisions not used yet, by journal id, each with the call
+    it was shown (``name``, ``args``)."""
 
     always: set[str] = field(default_factory=set)
     decisions: dict[str, dict] = field(default_factory=dict)
+    taken: set[str] = field(default_factory=set)  # every call's journal id
+    waited: dict | None = None  # the call announced before the run waited
 
-    def verdict(self, call_id: str, name: str) -> tuple[str, str]:
-        """``(allow|ask|deny, note)`` for one call about to run."""
+    def call_id(self, provider_id: str, *, step: int, index: int) -> str:
+        """A journal id for a new call, never given before in this run: the
+        provider's own id the first time, else one made from it, the step and
+        the call's place in it."""
+        call_id, n = provider_id, 1
+        while call_id in self.taken:
+            call_id = f"{provider_id}~{step}.{index}" + (f"~{n}" if n > 1 else "")
+            n += 1
+        self.taken.add(call_id)
+        return call_id
+
+    def resumed(self, name: str, args: str) -> str | None:
+        """The journal id of the call the run waited on, if a resumed step's
+        first unanswered call (``name``, ``args``) is that call; once."""
+        waited, self.waited = self.waited, None
+        if waited is None or (waited["name"], waited["args"]) != (name, args):
+            return None
+        return waited["tool_call_id"]
+
+    def verdict(self, call_id: str, name: str, args: str) -> Verdict:
+        """What to do with one call about to run (its journal id, tool, arguments)."""
         rule = policy(name)
         if rule == DENY:
-            return DENY, ""
+            return Verdict(DENY)
         decision = self.decisions.get(call_id)
-        if decision is not None:
+        if decision is not None and (decision["name"], decision["args"]) == (
+            name,
+            args,
+        ):
+            del self.decisions[call_id]  # used once
             kind = ALLOW if decision["decision"] == APPROVE else DENY
-            return kind, decision.get("note", "")
+            return Verdict(kind, decision.get("note", ""), decided=True)
         if rule == ASK and name not in self.always:
-            return ASK, ""
-        return ALLOW, ""
+            return Verdict(ASK)
+        return Verdict(ALLOW)
 
 
 def gate_load(*, run_id: str, session: ChatSession) -> Gate:
-    """The gate of a run being (re)started: its decisions so far."""
+    """The gate of a run being (re)started: the journal ids its calls have,
+    and the decisions on calls not answered yet, each bound to its request."""
     gate = Gate(always=set(session.always_allowed_tools))
-    for payload in _payloads(run_id, "approval"):
-        gate.decisions[payload["tool_call_id"]] = payload
-        if payload.get("always"):
-            gate.always.add(payload["name"])
+    requests: dict[str, dict] = {}
+    answered: set[str] = set()
+    decided: list[dict] = []
+    for event_type, payload in _events(
+        run_id, ("tool", "tool_complete", "approval_request", "approval")
+    ):
+        call_id = payload["tool_call_id"]
+        if event_type == "tool":
+            gate.taken.add(call_id)
+        elif event_type == "tool_complete":
+            answered.add(call_id)
+        elif event_type == "approval_request":
+            requests[call_id] = payload
+        else:
+            decided.append(payload)
+            if payload.get("always"):
+                gate.always.add(payload["name"])
+    for decision in decided:
+        call_id = decision["tool_call_id"]
+        request = requests.get(call_id)
+        if request is None or call_id in answered:
+            continue  # never shown, or already used
+        gate.decisions[call_id] = {**decision, "args": request["args"]}
+        gate.waited = request
     return gate
 
 
@@ -118,18 +187,28 @@ def timeout_error() -> dict:
 
 
 def _payloads(run_id: str, event_type: str) -> list[dict]:
-    rows = Event.objects.filter(run_id=run_id, type=event_type).order_by("seq")
-    return [json.loads(p) for p in rows.values_list("payload", flat=True)]
+    return [payload for _, payload in _events(run_id, (event_type,))]
+
+
+def _events(run_id: str, types: tuple[str, ...]) -> list[tuple[str, dict]]:
+    rows = Event.objects.filter(run_id=run_id, type__in=types).order_by("seq")
+    return [(t, json.loads(p)) for t, p in rows.values_list("type", "payload")]
 
 
 def approval_decide(
-    *, run: Run, approve: bool, note: str = "", always: bool = False
+    *,
+    run: Run,
+    approve: bool,
+    note: str = "",
+    always: bool = False,
+    tool_call_id: str | None = None,
 ) -> dict:
     """Journal a person's decision on the pending call and queue the run again.
 
     ``always`` (with ``approve``) also lets the tool run unasked in the run's
-    session from now on. Raises ``NotWaiting`` if nothing waits for a decision.
-    Returns the journaled decision.
+    session from now on. ``tool_call_id``, if given, is the call the person
+    was shown: ``NotShown`` if another one waits. Raises ``NotWaiting`` if
+    nothing waits for a decision. Returns the journaled decision.
     """
     with transaction.atomic():
         if (
@@ -141,6 +220,8 @@ def approval_decide(
         pending = approval_pending(run_id=run.id)
         if pending is None:
             raise NotWaiting(run.id)
+        if tool_call_id is not None and tool_call_id != pending["tool_call_id"]:
+            raise NotShown(run.id)
         decision: dict = {
             "tool_call_id": pending["tool_call_id"],
             "name": pending["name"],

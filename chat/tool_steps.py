@@ -4,6 +4,11 @@ journaled as `tool` / `tool_complete` and kept in the session
 (chat.tools), MCP tools through chat.mcp_tools; every call is raced by the
 run's stop, bounded by its budget (chat.budget) and gated by the approval
 policy (chat.approvals). `chat.runner` drives the steps.
+
+Each call is journaled under an id unique within its run (`Gate.call_id`),
+as `tool` before anything else happens to it; the session and the model keep
+the provider's own id, so the next request answers each call as the model
+made it. A person's decision applies only to the call it was shown.
 """
 
 import asyncio
@@ -61,14 +66,22 @@ async def answer_pending(
     history: list[dict], sink: Keeper, budget: Budget, stop: asyncio.Event, gate: Gate
 ) -> list[dict]:
     """A resumed run: answer the calls of its last tool step that have no
-    result yet (the one that waited for a decision, and those after it)."""
+    result yet (the one that waited for a decision, and those after it).
+
+    Results are kept in the order of the calls, so the step's first calls
+    are the answered ones, however the provider named them (ids may repeat).
+    """
     steps = [i for i, m in enumerate(history) if m.get("tool_calls")]
     if not steps or history[steps[-1]]["role"] != "assistant":
         return []
-    answered = {m.get("tool_call_id") for m in history[steps[-1] + 1 :]}
-    calls = list(enumerate(history[steps[-1]]["tool_calls"]))
-    pending = [(i, c) for i, c in calls if c["id"] not in answered]
-    return await _answer_calls(pending, sink, budget, stop, gate)
+    after = history[steps[-1] + 1 :]
+    answered = sum(1 for m in after if m.get("role") == "tool")
+    pending = list(enumerate(history[steps[-1]]["tool_calls"]))[answered:]
+    if not pending:
+        return []
+    first = pending[0][1]["function"]
+    announced = gate.resumed(first["name"], first["arguments"])
+    return await _answer_calls(pending, sink, budget, stop, gate, announced)
 
 
 async def _answer_calls(
@@ -77,6 +90,7 @@ async def _answer_calls(
     budget: Budget,
     stop: asyncio.Event,
     gate: Gate,
+    announced: str | None = None,
 ) -> list[dict]:
     """Run each call in order; keep and journal its result.
 
@@ -84,19 +98,24 @@ async def _answer_calls(
     answer each call): past the step's or the run's tool budget, once the
     run is stopped, or denied, the result is an error saying so. A call that
     needs a person's approval raises `AwaitingApproval` (chat.approvals).
+    Each call is journaled as `tool` under a journal id of its own first;
+    only the first call of a resumed step, the one the run waited on, was
+    announced before its wait (under `announced`).
     """
     writer = sink.writer
-    added = []
+    added: list[dict] = []
     for index, call in calls:
         name, args = call["function"]["name"], call["function"]["arguments"]
-        if call["id"] not in gate.decisions:  # else announced before it waited
-            writer.add("tool", {"tool_call_id": call["id"], "name": name, "args": args})
+        call_id = None if added else announced
+        if call_id is None:
+            call_id = gate.call_id(call["id"], step=budget.steps, index=index)
+            writer.add("tool", {"tool_call_id": call_id, "name": name, "args": args})
         began = time.monotonic()
-        output, is_error = await _answer(call, index, budget, stop, gate)
+        output, is_error = await _answer(call_id, call, index, budget, stop, gate)
         writer.add(
             "tool_complete",
             {
-                "tool_call_id": call["id"],
+                "tool_call_id": call_id,
                 "name": name,
                 "result": output,
                 "is_error": is_error,
@@ -105,6 +124,7 @@ async def _answer_calls(
         )
         output = storable(output)
         await writer.flush()
+        # The session and the model keep the provider's id for the call.
         await sink.keep(
             role=Message.Role.TOOL,
             content=output,
@@ -115,19 +135,26 @@ async def _answer_calls(
 
 
 async def _answer(
-    call: dict, index: int, budget: Budget, stop: asyncio.Event, gate: Gate
+    call_id: str,
+    call: dict,
+    index: int,
+    budget: Budget,
+    stop: asyncio.Event,
+    gate: Gate,
 ) -> tuple[str, bool]:
-    """One tool call's result: built-in or MCP (`<server>__<tool>`), raced by `stop`."""
+    """One tool call's result: built-in or MCP (`<server>__<tool>`), raced by `stop`.
+
+    `call_id` is the call's journal id, the one a person's decision names."""
     name, args = call["function"]["name"], call["function"]["arguments"]
     refusal = tool_registry.step_cap_refusal(index) or budget.refuse_tool_call()
     if refusal is not None:
         return refusal, True
     if stop.is_set():
         return "error: not run: the run was stopped", True
-    rule, note = gate.verdict(call["id"], name)
+    rule, note, decided = gate.verdict(call_id, name, args)
     if rule == ASK:
-        raise AwaitingApproval({"tool_call_id": call["id"], "name": name, "args": args})
-    if rule == DENY and call["id"] in gate.decisions:
+        raise AwaitingApproval({"tool_call_id": call_id, "name": name, "args": args})
+    if rule == DENY and decided:
         said = f"; their note: {note}" if note else ""
         return f"error: not run: a person denied this call of {name}{said}", True
     if rule == DENY:

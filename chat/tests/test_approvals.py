@@ -23,6 +23,7 @@ from hermes_testing.api import (
     CALCULATOR_STEP,
     decide,
     event_types,
+    new_session,
     start_run,
     stream,
     text_of,
@@ -286,8 +287,171 @@ def test_policies_per_tool_win_over_the_servers_and_deny_is_not_offered(settings
     offered = [entry["function"]["name"] for entry in approvals.offered(schema)]
     assert offered == ["current_time", "files__write"]
     gate = approvals.Gate(always={"files__write"})
-    assert gate.verdict("c1", "files__write") == ("allow", "")
-    assert gate.verdict("c2", "calculator") == ("deny", "")  # deny wins over always
-    gate = approvals.Gate(decisions={"c3": {"decision": "deny", "note": "no"}})
-    assert gate.verdict("c3", "files__write") == ("deny", "no")
-    assert gate.verdict("c4", "files__write") == ("ask", "")
+    assert gate.verdict("c1", "files__write", "{}")[:2] == ("allow", "")
+    # deny wins over always
+    assert gate.verdict("c2", "calculator", "{}")[:2] == ("deny", "")
+    denied = {"tool_call_id": "c3", "name": "files__write", "args": "{}"}
+    gate = approvals.Gate(
+        decisions={"c3": {**denied, "decision": "deny", "note": "no"}}
+    )
+    assert gate.verdict("c3", "files__write", "{}") == ("deny", "no", True)
+    assert gate.verdict("c4", "files__write", "{}") == ("ask", "", False)
+
+
+# --- A decision is bound to the one call it was shown (issue 42, item 2) ---
+#
+# The fake model numbers its tool call ids per response (`call_fake_0` every
+# step), as some providers do; a prompt injection needs no more than to reuse
+# an id. A decision applies to the call that was shown and is used once.
+
+
+def _calc(expression: str, call_id: str | None = None) -> dict:
+    call = {"name": "calculator", "arguments": json.dumps({"expression": expression})}
+    return {**call, "id": call_id} if call_id else call
+
+
+def _requests(run_id: str) -> list[dict]:
+    rows = Event.objects.filter(run_id=run_id, type="approval_request")
+    return [
+        json.loads(p) for p in rows.order_by("seq").values_list("payload", flat=True)
+    ]
+
+
+def _asked_or_ended(run_id: str, asked: int) -> Run:
+    """The run once it waits on its `asked`-th request, or has ended (a call
+    that ran unasked lets it end without waiting again)."""
+
+    def there() -> bool:
+        run = Run.objects.get(id=run_id)
+        waits = run.status == Run.Status.WAITING and len(_requests(run_id)) >= asked
+        return waits or run.is_terminal
+
+    wait_until(there, timeout=30)
+    return Run.objects.get(id=run_id)
+
+
+def _each_call_announced_first(events: list) -> list[str]:
+    """The ids of the run's `tool` events, after checking that every call has
+    one id of its own and is announced as `tool` before it completes."""
+    announced: list[str] = []
+    for _, kind, data in events:
+        if kind == "tool":
+            assert data["tool_call_id"] not in announced, data
+            announced.append(data["tool_call_id"])
+        elif kind == "tool_complete":
+            assert data["tool_call_id"] in announced, data
+    completed = [d["tool_call_id"] for _, k, d in events if k == "tool_complete"]
+    assert sorted(completed) == sorted(announced)
+    return announced
+
+
+@pytest.mark.parametrize(
+    "again", ["6*7", "2**10"], ids=["the-same-call-again", "other-arguments"]
+)
+def test_an_approval_does_not_carry_over_to_a_later_step_reusing_the_id(
+    server, alice, fake_llm, live_worker, asking, again
+):
+    fake_llm.push(
+        Reply(tool_calls=[_calc("6*7")]),  # call_fake_0
+        Reply(tool_calls=[_calc(again)]),  # call_fake_0 again, a step later
+        Reply(text="Done."),
+    )
+    run_id = start_run(server, alice[1], new_session(server, alice[1]), "sums")
+    first = _asked_or_ended(run_id, 1)
+    assert first.status == Run.Status.WAITING
+    assert decide(server, alice[1], run_id, decision="approve").status_code == 202
+
+    # The second step's call is asked about in its own right.
+    second = _asked_or_ended(run_id, 2)
+    assert second.status == Run.Status.WAITING, "a call ran on another's approval"
+    shown, asked = _requests(run_id)
+    assert asked["args"] == json.dumps({"expression": again})
+    assert asked["tool_call_id"] != shown["tool_call_id"]
+    denied = decide(server, alice[1], run_id, decision="deny", note="once was enough")
+    assert denied.status_code == 202, denied.text
+
+    events = stream(server, alice[1], run_id)
+    assert events[-1][2]["status"] == "completed"
+    ids = _each_call_announced_first(events)
+    assert ids[0] == shown["tool_call_id"] and ids[1] == asked["tool_call_id"]
+    results = [d["result"] for _, k, d in events if k == "tool_complete"]
+    assert results[0] == "42"
+    assert "a person denied this call of calculator" in results[1]
+    # The model is answered with its own ids, each after the step that made it.
+    sent = fake_llm.requests[2].messages
+    tool_turns = [m for m in sent if m["role"] == "tool"]
+    assert [m["tool_call_id"] for m in tool_turns] == ["call_fake_0", "call_fake_0"]
+    assert tool_turns[1]["content"] == results[1]
+
+
+def test_approving_one_call_does_not_run_its_twin_in_the_same_step(
+    server, alice, fake_llm, live_worker, asking
+):
+    twins = [_calc("6*7", call_id="dup"), _calc("2**10", call_id="dup")]
+    fake_llm.push(Reply(tool_calls=twins), Reply(text="Done."))
+    run_id = start_run(server, alice[1], new_session(server, alice[1]), "two sums")
+    assert _asked_or_ended(run_id, 1).status == Run.Status.WAITING
+    (shown,) = _requests(run_id)
+    assert shown["args"] == twins[0]["arguments"]
+    # The decision names the call that was shown.
+    decided = decide(
+        server, alice[1], run_id, decision="approve", tool_call_id=shown["tool_call_id"]
+    )
+    assert decided.status_code == 202, decided.text
+    assert decided.json()["tool_call_id"] == shown["tool_call_id"]
+
+    assert _asked_or_ended(run_id, 2).status == Run.Status.WAITING, (
+        "the twin ran on its sibling's approval"
+    )
+    twin = _requests(run_id)[1]
+    assert twin["args"] == twins[1]["arguments"]
+    assert twin["tool_call_id"] != shown["tool_call_id"]
+    # A decision naming the call decided before does not apply to the twin.
+    stale = decide(
+        server, alice[1], run_id, decision="approve", tool_call_id=shown["tool_call_id"]
+    )
+    assert stale.status_code == 409, stale.text
+    assert _waiting(run_id)
+    assert decide(server, alice[1], run_id, decision="deny").status_code == 202
+
+    events = stream(server, alice[1], run_id)
+    assert events[-1][2]["status"] == "completed"
+    assert len(_each_call_announced_first(events)) == 2
+    done = [d for _, k, d in events if k == "tool_complete"]
+    assert done[0]["result"] == "42"
+    assert done[1]["is_error"] and "a person denied" in done[1]["result"]
+    decisions = [d for _, k, d in events if k == "approval"]
+    assert [d["tool_call_id"] for d in decisions] == [
+        shown["tool_call_id"],
+        twin["tool_call_id"],
+    ]
+    # The model's next request answers both of its calls, in order.
+    sent = fake_llm.requests[1].messages
+    assert [m.get("tool_call_id") for m in sent[-2:]] == ["dup", "dup"]
+    assert [m["content"] for m in sent[-2:]] == [d["result"] for d in done]
+
+
+def test_a_decision_naming_another_call_is_refused(
+    server, alice, fake_llm, live_worker, asking
+):
+    run_id = _start_waiting(server, alice, fake_llm)
+    wrong = decide(server, alice[1], run_id, decision="approve", tool_call_id="nope")
+    assert wrong.status_code == 409, wrong.text
+    bad = decide(server, alice[1], run_id, decision="approve", tool_call_id=7)
+    assert bad.status_code == 400, bad.text
+    assert _waiting(run_id)
+    assert not Event.objects.filter(run_id=run_id, type="approval").exists()
+
+
+def test_a_gate_applies_a_decision_to_the_call_it_was_shown_once():
+    shown = {"tool_call_id": "c1", "name": "calculator", "args": '{"x": 1}'}
+    gate = approvals.Gate(decisions={"c1": {**shown, "decision": "approve"}})
+    # Same id, another tool or other arguments: not the call shown.
+    assert gate.verdict("c1", "current_time", '{"x": 1}').rule == "allow"
+    assert gate.verdict("c1", "calculator", '{"x": 2}').decided is False
+    verdict = gate.verdict("c1", "calculator", '{"x": 1}')
+    assert (verdict.rule, verdict.decided) == ("allow", True)
+    assert gate.verdict("c1", "calculator", '{"x": 1}').decided is False  # used once
+    # Ids are unique within the run: a repeated provider id is given another.
+    ids = [gate.call_id("call_fake_0", step=s, index=0) for s in (1, 2, 2)]
+    assert len(set(ids)) == 3 and ids[0] == "call_fake_0"
