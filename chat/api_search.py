@@ -6,6 +6,7 @@ URL or null. Each hit's `snippet` is HTML-escaped text whose only markup is
 `<mark>` around the words found.
 """
 
+import re
 from urllib.parse import urlencode
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema, inline_serializer
@@ -19,6 +20,7 @@ from .search import message_search
 PAGE_SIZE = 20
 MAX_PAGE = 50  # deeper than 1,000 hits, a narrower query serves better
 QUERY_MAX = 200  # characters; only the first words count anyway
+PAGE = re.compile(r"[0-9]{1,6}")
 
 HIT = inline_serializer(
     "SearchHit",
@@ -58,7 +60,8 @@ class MessageSearch(APIView):
         if len(query) > QUERY_MAX:
             return _bad(f"`q` is longer than {QUERY_MAX} characters")
         raw_page = request.query_params.get("page", "1")
-        if not raw_page.isdigit() or not 1 <= int(raw_page) <= MAX_PAGE:
+        # ASCII digits only: `str.isdigit` also takes "²", which int() refuses.
+        if not PAGE.fullmatch(raw_page) or not 1 <= int(raw_page) <= MAX_PAGE:
             return _bad(f"`page` must be a whole number from 1 to {MAX_PAGE}")
         page = int(raw_page)
         hits = message_search(

@@ -6,12 +6,20 @@ file (JSON Lines, `chat.transfer`), `?as=markdown` a transcript to read (not
 `POST /api/sessions/import/` takes such a JSON Lines file as the request body
 and creates a new session of the caller from it. Both reach the session only
 through `chat.access` (another user's session answers 404); an import is
-bounded in size (413), counts against the per-user session limit (429) and is
-all or nothing (400 naming the line at fault).
+bounded in size and messages (413 naming the limit), counts against the
+per-user session limit (429) and is all or nothing (400 naming the line at
+fault). Neither holds a file whole: the upload is copied in pieces to a
+spooled file (memory up to `chat.transfer.SPOOL_BYTES`, then disk) and read
+line by line (`chat.transfer.session_import`); an export streams CHUNK
+messages a query.
 """
 
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+
+from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.http import HttpResponse
+from django.http import StreamingHttpResponse
 from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
@@ -21,7 +29,17 @@ from rest_framework.views import APIView
 
 from . import api_schema, limits
 from .api import SessionSerializer, _session_for
-from .transfer import TransferError, session_export, session_import, session_markdown
+from .transfer import (
+    SPOOL_BYTES,
+    TransferError,
+    session_export,
+    session_import,
+    session_markdown,
+    text_source,
+)
+
+READ_BYTES = 64 * 1024  # what an upload is copied in
+LINES_PER_STEP = 200  # export lines made per step of the database thread
 
 FORMATS = {
     # format: (renderer, content type, file extension)
@@ -59,8 +77,8 @@ class SessionExport(APIView):
                 status=status.HTTP_400_BAD_REQUEST,
             )
         render, content_type, extension = FORMATS[kind]
-        response = HttpResponse(
-            "".join(render(session=session)), content_type=content_type
+        response = StreamingHttpResponse(
+            _streamed(render(session=session)), content_type=content_type
         )
         name = f"hermes-session-{session.pk}.{extension}"
         response["Content-Disposition"] = f'attachment; filename="{name}"'
@@ -80,8 +98,29 @@ class RawFileParser(BaseParser):
     # `request.data`.
     def parse(  # type: ignore[override]
         self, stream, media_type=None, parser_context=None
-    ) -> bytes:
-        return stream.read(settings.HERMES["IMPORT_MAX_BYTES"] + 1)
+    ) -> "Upload":
+        return Upload.read_from(stream, settings.HERMES["IMPORT_MAX_BYTES"] + 1)
+
+
+class Upload:
+    """A request body copied in READ_BYTES pieces, at most `limit` bytes, to a
+    file kept in memory up to SPOOL_BYTES and on disk beyond."""
+
+    def __init__(self) -> None:
+        self.file = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+        self.size = 0
+
+    @classmethod
+    def read_from(cls, stream, limit: int) -> "Upload":
+        upload = cls()
+        while stream is not None and upload.size < limit:
+            piece = stream.read(min(READ_BYTES, limit - upload.size))
+            if not piece:
+                break
+            upload.file.write(piece)
+            upload.size += len(piece)
+        upload.file.seek(0)
+        return upload
 
 
 class SessionImport(APIView):
@@ -105,32 +144,57 @@ class SessionImport(APIView):
     )
     def post(self, request):
         limit = settings.HERMES["IMPORT_MAX_BYTES"]
-        declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        try:
+            declared = int(request.META.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            declared = 0
         # Read past Django's request-body cap (an export may be larger), but
         # never more than the import's own bound.
-        data = b"" if declared > limit else request.data
-        data = data if isinstance(data, bytes) else b""  # no body: no bytes
-        if declared > limit or len(data) > limit:
-            return Response(
-                {"error": f"the file is larger than {limit} bytes"},
-                status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
-            )
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as exc:
-            return _bad(f"the file is not UTF-8 text (byte {exc.start})", line=0)
-        limits.check_session_count(user=request.user)  # or 429
-        try:
-            session, count = session_import(owner=request.user, lines=text.splitlines())
-        except TransferError as exc:
-            return _bad(str(exc), line=exc.line)
+        upload = Upload() if declared > limit else request.data
+        upload = upload if isinstance(upload, Upload) else Upload()  # no body
+        with upload.file:
+            if declared > limit or upload.size > limit:
+                return Response(
+                    {
+                        "error": f"the file is larger than {limit} bytes",
+                        "limit": "HERMES_IMPORT_MAX_BYTES",
+                    },
+                    status=status.HTTP_413_REQUEST_ENTITY_TOO_LARGE,
+                )
+            limits.check_session_count(user=request.user)  # or 429
+            text = text_source(upload.file)
+            try:
+                session, count = session_import(owner=request.user, lines=text)
+            except TransferError as exc:
+                return _refused(exc)
+            finally:
+                text.detach()  # the upload's file is closed by its own `with`
         return Response(
             {"session": SessionSerializer(session).data, "messages": count},
             status=status.HTTP_201_CREATED,
         )
 
 
-def _bad(message: str, *, line: int) -> Response:
-    return Response(
-        {"error": message, "line": line}, status=status.HTTP_400_BAD_REQUEST
-    )
+def _refused(exc: TransferError) -> Response:
+    body = {"error": str(exc), "line": exc.line}
+    if exc.limit:
+        body["limit"] = exc.limit
+    return Response(body, status=exc.status)
+
+
+async def _streamed(lines: Iterator[str]) -> AsyncIterator[str]:
+    """A sync export as an async stream: each step makes LINES_PER_STEP lines
+    on the database thread, so the server sends as it reads (Django would
+    read a sync iterator whole before sending anything under ASGI)."""
+
+    def step() -> str:
+        # `range` first: zip stops before taking a line it would drop.
+        return "".join(
+            line for _, line in zip(range(LINES_PER_STEP), lines, strict=False)
+        )
+
+    while True:
+        part = await sync_to_async(step, thread_sensitive=True)()
+        if not part:
+            return
+        yield part

@@ -315,10 +315,21 @@ def user_content(
     return parts
 
 
+#: Ids per `IN (...)` query: under SQLite's oldest variable limit (999), so a
+#: branch of any length is read in several small queries, never one that the
+#: database refuses (issue: a long branch answered 503 on every read).
+IDS_PER_QUERY = 500
+
+
 def by_message(message_ids: Iterable[int]) -> dict[int, list[Attachment]]:
     """The attachments of these messages, in upload order, by message id."""
     found: dict[int, list[Attachment]] = {}
-    for attachment in Attachment.objects.filter(message_id__in=list(message_ids)):
-        if attachment.message_id is not None:
-            found.setdefault(attachment.message_id, []).append(attachment)
+    ids = list(message_ids)
+    for start in range(0, len(ids), IDS_PER_QUERY):
+        part = ids[start : start + IDS_PER_QUERY]
+        for attachment in Attachment.objects.filter(message_id__in=part):
+            if attachment.message_id is not None:
+                found.setdefault(attachment.message_id, []).append(attachment)
+    for files in found.values():
+        files.sort(key=lambda a: a.pk)
     return found

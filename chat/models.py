@@ -5,6 +5,15 @@ from django.db import models
 from django.utils import timezone
 
 
+class VisibleSessions(models.Manager):
+    """Sessions anyone may reach: not an import still being written
+    (`chat.transfer`), which stays out of every list, search and API until its
+    last chunk commits. `ChatSession.all_objects` sees those too."""
+
+    def get_queryset(self):
+        return super().get_queryset().filter(importing=False)
+
+
 class ChatSession(models.Model):
     owner = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="chat_sessions"
@@ -20,8 +29,14 @@ class ChatSession(models.Model):
     pinned = models.BooleanField(default=False)
     # Tools a person chose to "always allow in this session" (chat.approvals).
     always_allowed_tools = models.JSONField(default=list, blank=True)
+    # True while an import writes it, chunk by chunk (`chat.transfer`): hidden
+    # (`VisibleSessions`) until the last chunk commits, removed if one fails.
+    importing = models.BooleanField(default=False)
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
+
+    objects = VisibleSessions()
+    all_objects = models.Manager()
 
     class Meta:
         ordering = ["-updated_at"]

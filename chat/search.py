@@ -129,7 +129,10 @@ _SELECT = (
     "SELECT s.id, s.title, m.id, m.role, m.created_at, {snippet}"
     " FROM chat_message m JOIN chat_chatsession s ON s.id = m.session_id"
 )
-_OWNED = f" s.owner_id = %s AND NOT s.archived AND m.role IN {ROLES!r}"
+# An import still being written (`chat.transfer`) is nobody's hit yet.
+_OWNED = (
+    f" s.owner_id = %s AND NOT s.archived AND NOT s.importing AND m.role IN {ROLES!r}"
+)
 
 
 def _sqlite_rows(terms: list[str], owner_id: int, limit: int, offset: int):

@@ -13,34 +13,67 @@ are in its `attachments`: name, kind, mime, size and the bytes in base64
 the field has none). Runs and their
 journals stay behind (a message's `run_id` is informative only), and so do
 owners: the importer names the new owner.
+
+An import costs others what any request does (docs/security.md, "Import and
+export"): the file is read line by line, twice, never held whole. The first
+pass checks every line through the API's own validators (`chat.api`) and
+writes nothing; a bad line anywhere refuses the file. The second writes
+CHUNK messages per transaction into a session that stays hidden
+(`ChatSession.importing`) until its last chunk commits, and is removed if a
+chunk fails. At most `HERMES_IMPORT_MAX_MESSAGES` messages per file. An
+export reads CHUNK messages per query, each query on its own.
 """
 
 import base64
 import binascii
+import io
 import json
+import logging
 import re
+import tempfile
+from array import array
 from collections.abc import Iterable, Iterator
-from datetime import datetime
-from typing import IO
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import IO, Any
 
+from django.conf import settings
 from django.db import transaction
+from django.utils import timezone
 from django.utils.dateparse import parse_datetime
+from rest_framework.exceptions import ValidationError
 
 from .attachments import AttachmentRefused, Checked, check_file, fenced, max_files
 from .models import Attachment, ChatSession, Message
-from .services import session_create
+
+log = logging.getLogger(__name__)
 
 FORMAT = "hermes-session"
 VERSION = 1
-CHUNK = 1000  # messages read or created per query: bounded memory for long sessions
+CHUNK = 500  # messages per query (export) and per transaction (import)
+SPOOL_BYTES = 1024 * 1024  # an import's copy stays in memory up to this, then disk
+# An import whose process died leaves its hidden session; the owner's next
+# import removes those older than this.
+STALE_IMPORT = timedelta(hours=1)
+TOOL_CALLS_MAX = 64  # per message
+TOOL_NAME_MAX = 200
 
 
 class TransferError(Exception):
-    """A file that cannot be imported; `line` is 1-based (0: the file as a whole)."""
+    """A file that cannot be imported; `line` is 1-based (0: the file as a whole).
 
-    def __init__(self, line: int, message: str):
+    `status` is the HTTP answer (400, or 413 past a bound) and `limit` names
+    the bound, if one does."""
+
+    def __init__(self, line: int, message: str, *, status: int = 400, limit: str = ""):
         super().__init__(f"line {line}: {message}" if line else message)
         self.line = line
+        self.status = status
+        self.limit = limit
+
+
+def max_messages() -> int:
+    return settings.HERMES["IMPORT_MAX_MESSAGES"]
 
 
 # Characters `str.splitlines()` breaks on that JSON leaves raw: escaped, so that any
@@ -59,8 +92,46 @@ def _dump(obj: dict) -> str:
     )
 
 
+_EXPORTED = (
+    "role",
+    "content",
+    "reasoning",
+    "tool_calls",
+    "tool_call_id",
+    "complete",
+    "steer",
+)
+
+
+def _pages(session: ChatSession, *fields: str) -> Iterator[list[dict]]:
+    """The session's messages in id order, CHUNK per query: each page is a
+    statement of its own (no cursor held open between them)."""
+    after = 0
+    while True:
+        page = list(
+            session.messages.filter(id__gt=after)
+            .order_by("id")
+            .values("id", *fields)[:CHUNK]
+        )
+        if not page:
+            return
+        yield page
+        after = page[-1]["id"]
+
+
+def _with_files(session: ChatSession, page: list[dict]) -> set[int]:
+    """Which messages of a page have files (one query, no bytes read)."""
+    return set(
+        Attachment.objects.filter(
+            message__session_id=session.pk,
+            message_id__gte=page[0]["id"],
+            message_id__lte=page[-1]["id"],
+        ).values_list("message_id", flat=True)
+    )
+
+
 def session_export(*, session: ChatSession) -> Iterator[str]:
-    """The session as JSON Lines, one line at a time."""
+    """The session as JSON Lines, one line at a time, CHUNK messages a query."""
     yield _dump(
         {
             "type": "session",
@@ -75,85 +146,160 @@ def session_export(*, session: ChatSession) -> Iterator[str]:
             "updated_at": session.updated_at.isoformat(),
         }
     )
-    fields = (
-        "role",
-        "content",
-        "reasoning",
-        "tool_calls",
-        "tool_call_id",
-        "complete",
-        "steer",
-    )
-    rows = session.messages.order_by("id").values(
-        *fields, "id", "parent_id", "selected_at", "run_id", "created_at"
-    )
     position: dict[int, int] = {}  # message id -> its line among the messages
-    with_files = set(
-        Attachment.objects.filter(message__session=session).values_list(
-            "message_id", flat=True
-        )
-    )
-    for row in rows.iterator(chunk_size=CHUNK):
-        position[row["id"]] = len(position)
-        line = {
-            "type": "message",
-            **{name: row[name] for name in fields},
-            "parent": position.get(row["parent_id"]),
-            "selected_at": row["selected_at"].isoformat(),
-            "run_id": row["run_id"],
-            "created_at": row["created_at"].isoformat(),
-        }
-        if row["id"] in with_files:
-            line["attachments"] = [
-                {
-                    "name": a.name,
-                    "kind": a.kind,
-                    "mime": a.mime,
-                    "size": a.size,
-                    "data": base64.b64encode(bytes(a.data)).decode("ascii"),
-                }
-                for a in Attachment.objects.filter(message_id=row["id"])
-            ]
-        yield _dump(line)
+    for page in _pages(
+        session, *_EXPORTED, "parent_id", "selected_at", "run_id", "created_at"
+    ):
+        with_files = _with_files(session, page)
+        for row in page:
+            position[row["id"]] = len(position)
+            line = {
+                "type": "message",
+                **{name: row[name] for name in _EXPORTED},
+                "parent": position.get(row["parent_id"]),
+                "selected_at": row["selected_at"].isoformat(),
+                "run_id": row["run_id"],
+                "created_at": row["created_at"].isoformat(),
+            }
+            if row["id"] in with_files:
+                line["attachments"] = [
+                    {
+                        "name": a.name,
+                        "kind": a.kind,
+                        "mime": a.mime,
+                        "size": a.size,
+                        "data": base64.b64encode(bytes(a.data)).decode("ascii"),
+                    }
+                    for a in Attachment.objects.filter(message_id=row["id"])
+                ]
+            yield _dump(line)
 
 
-_MESSAGE_FIELDS = {
-    "role": str,
-    "content": str,
-    "reasoning": str,
-    "tool_calls": list,
-    "tool_call_id": str,
-    "complete": bool,
-    "steer": bool,  # a message injected into its run mid-turn (chat.pending)
-}
+# --- import: checking --------------------------------------------------------------
+
 _SESSION_FIELDS = {"title": str, "model": str, "system_prompt": str, "archived": bool}
+_ROLES = (Message.Role.USER, Message.Role.ASSISTANT, Message.Role.TOOL)
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
 
 
 def _parse(number: int, line: str) -> dict:
     try:
-        obj = json.loads(line)
+        obj = json.loads(line, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
         raise TransferError(number, f"invalid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise TransferError(number, "invalid JSON (nested too deeply)") from None
+    except ValueError as exc:  # NaN, Infinity; integers past Python's 4300 digits
+        problem = "a number too long" if "digits" in str(exc) else str(exc)
+        raise TransferError(number, f"invalid JSON ({problem})") from None
     if not isinstance(obj, dict):
         raise TransferError(number, "expected a JSON object")
     return obj
 
 
-def _checked(
-    number: int, obj: dict, model, shapes: dict, required: tuple[str, ...]
-) -> dict:
-    for name in required:
-        if name not in obj:
-            raise TransferError(number, f"missing {name!r}")
-    for name, kind in shapes.items():
-        if name not in obj:
+def _text(number: int, name: str, value: Any, limit: int | None = None) -> str:
+    """A string field the database can store: no NUL (PostgreSQL refuses it),
+    no lone surrogate (no encoding holds one), at most `limit` characters."""
+    if not isinstance(value, str):
+        raise TransferError(number, f"{name!r} must be str")
+    if "\x00" in value:
+        raise TransferError(number, f"{name!r} holds a NUL character")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise TransferError(
+            number, f"{name!r} holds a lone surrogate (\\u{ord(value[exc.start]):04x})"
+        ) from None
+    if limit is not None and len(value) > limit:
+        raise TransferError(number, f"{name!r} is longer than {limit} characters")
+    return value
+
+
+def _api_error(number: int, exc: ValidationError) -> TransferError:
+    """The API's refusal as an import's: the field and the API's words."""
+    detail = exc.detail
+    if isinstance(detail, dict):
+        name, problems = next(iter(detail.items()))
+        problem = problems[0] if isinstance(problems, list) else problems
+        return TransferError(number, f"{name!r}: {problem}")
+    problem = detail[0] if isinstance(detail, list) else detail
+    return TransferError(number, str(problem))
+
+
+def _session_fields(number: int, head: dict) -> dict:
+    """The header's session fields, checked as `POST /api/sessions/` checks
+    them (its serializer: title's length, a known model, the system prompt's
+    bound)."""
+    from .api import SessionSerializer  # the API's own checks; it imports much
+
+    if head.get("type") != "session" or head.get("format") != FORMAT:
+        raise TransferError(
+            number, f"not a {FORMAT} export (the first line is not its header)"
+        )
+    if head.get("version") != VERSION:
+        version = head.get("version")
+        shown = repr(version) if isinstance(version, int | str) else "of another kind"
+        raise TransferError(number, f"unsupported version {shown[:40]}")
+    if "title" not in head:
+        raise TransferError(number, "missing 'title'")
+    fields = {}
+    for name, kind in _SESSION_FIELDS.items():
+        if name not in head:
             continue
-        if not isinstance(obj[name], kind):
+        if kind is str:
+            fields[name] = _text(number, name, head[name])
+        elif not isinstance(head[name], kind):
             raise TransferError(number, f"{name!r} must be {kind.__name__}")
-        limit = getattr(model._meta.get_field(name), "max_length", None)
-        if limit and len(obj[name]) > limit:
-            raise TransferError(number, f"{name!r} is longer than {limit} characters")
-    return {name: obj[name] for name in shapes if name in obj}
+        else:
+            fields[name] = head[name]
+    serializer = SessionSerializer(data=fields)
+    try:
+        serializer.is_valid(raise_exception=True)
+    except ValidationError as exc:
+        raise _api_error(number, exc) from None
+    return {name: serializer.validated_data[name] for name in fields}
+
+
+def _tool_calls(number: int, calls: Any) -> list:
+    """Tool calls in the one shape Hermes stores (`chat.runner._clean_calls`)."""
+    shape = "each tool call must be {id, type: 'function', function: {name, arguments}}"
+    if not isinstance(calls, list):
+        raise TransferError(number, "'tool_calls' must be a list")
+    if len(calls) > TOOL_CALLS_MAX:
+        raise TransferError(number, f"more than {TOOL_CALLS_MAX} tool calls")
+    for call in calls:
+        if (
+            not isinstance(call, dict)
+            or set(call) != {"id", "type", "function"}
+            or call["type"] != "function"
+            or not isinstance(call["function"], dict)
+            or set(call["function"]) != {"name", "arguments"}
+        ):
+            raise TransferError(number, shape)
+        _text(number, "tool_calls.id", call["id"], 120)
+        _text(number, "tool_calls.function.name", call["function"]["name"], 200)
+        _text(number, "tool_calls.function.arguments", call["function"]["arguments"])
+    return calls
+
+
+def _when(number: int, value: Any) -> datetime:
+    problem = f"'selected_at' must be an ISO date and time, not {str(value)[:40]!r}"
+    try:
+        when = parse_datetime(value) if isinstance(value, str) else None
+    except ValueError:  # well formed, impossible: 2024-02-30
+        when = None
+    if when is None:
+        raise TransferError(number, problem)
+    if timezone.is_naive(when):
+        when = when.replace(tzinfo=UTC)
+    try:
+        when.astimezone(UTC)
+    except OverflowError:  # 0001-01-01T00:00+01:00 is before the year 1 in UTC
+        raise TransferError(number, problem) from None
+    return when
 
 
 def _place(number: int, obj: dict, index: int) -> tuple[int | None, datetime | None]:
@@ -167,19 +313,22 @@ def _place(number: int, obj: dict, index: int) -> tuple[int | None, datetime | N
     if parent is not None and parent >= index:
         raise TransferError(number, "'parent' must be an earlier message")
     selected = obj.get("selected_at")
-    if selected is None:
-        return parent, None
-    when = parse_datetime(selected) if isinstance(selected, str) else None
-    if when is None:
-        raise TransferError(number, "'selected_at' must be an ISO date and time")
-    return parent, when
+    return parent, (None if selected is None else _when(number, selected))
 
 
-def _files(number: int, obj: dict) -> list[Checked]:
+def _files(number: int, obj: dict, role: str) -> list[Checked]:
     """A message line's attachments, checked as uploads are."""
     files = obj.get("attachments", [])
     if not isinstance(files, list):
         raise TransferError(number, "'attachments' must be a list")
+    if files and role != Message.Role.USER:
+        raise TransferError(number, "only a user message has attachments")
+    if len(files) > max_files():
+        raise TransferError(
+            number,
+            f"more than {max_files()} attachments",
+            limit="HERMES_ATTACHMENT_MAX_FILES",
+        )
     checked = []
     for file in files:
         if not isinstance(file, dict) or not isinstance(file.get("data"), str):
@@ -190,147 +339,315 @@ def _files(number: int, obj: dict) -> list[Checked]:
             raise TransferError(
                 number, "an attachment's 'data' is not base64"
             ) from None
+        name, mime = file.get("name"), file.get("mime")
         try:
             checked.append(
                 check_file(
-                    name=str(file.get("name") or "file"),
-                    declared=str(file.get("mime") or ""),
+                    name=_text(number, "name", name) if name else "file",
+                    declared=_text(number, "mime", mime, 100) if mime else "",
                     data=data,
                 )
             )
         except AttachmentRefused as exc:
-            raise TransferError(number, f"attachment {exc}") from None
-    if len(checked) > max_files():
-        raise TransferError(number, f"more than {max_files()} attachments")
+            raise TransferError(
+                number, f"attachment {exc}", status=exc.status, limit=exc.limit
+            ) from None
     return checked
 
 
-def _messages(
-    lines: Iterator[tuple[int, str]], session_id: int
-) -> Iterator[tuple[Message, int | None, list[Checked]]]:
-    """Each message line as an unsaved message, its parent's position and
-    its files."""
-    roles = set(Message.Role.values)
-    index = 0
-    for number, line in lines:
-        if not line.strip():
-            continue
-        obj = _parse(number, line)
-        if obj.get("type") != "message":
+@dataclass
+class _Line:
+    """A message line, checked: its fields, its parent's position, its files."""
+
+    fields: dict
+    parent: int | None
+    files: list[Checked]
+
+
+def _message(number: int, obj: dict, index: int) -> _Line:
+    """A message line checked as the API checks what it stores: a user
+    message's content as `POST .../runs/` does (its serializer), roles the
+    API makes (no `system`: the header's `system_prompt` is the one), tool
+    calls in the shape Hermes stores, strings the database can hold."""
+    from .api import RunCreateSerializer
+
+    if obj.get("type") != "message":
+        kind = obj.get("type")
+        shown = repr(kind)[:40] if isinstance(kind, str | None) else "of another kind"
+        raise TransferError(number, f"expected a message line, got type {shown}")
+    for name in ("role", "content"):
+        if name not in obj:
+            raise TransferError(number, f"missing {name!r}")
+    role = _text(number, "role", obj["role"], 16)
+    if role == Message.Role.SYSTEM:
+        raise TransferError(
+            number,
+            "a 'system' message is not imported (the header's 'system_prompt' "
+            "is the session's)",
+        )
+    if role not in _ROLES:
+        raise TransferError(number, f"unknown role {role!r}")
+    content = _text(number, "content", obj["content"])
+    if role == Message.Role.USER:
+        try:
+            RunCreateSerializer().validate_content(content)
+        except ValidationError as exc:
+            raise _api_error(number, exc) from None
+    fields: dict[str, Any] = {"role": role, "content": content}
+    if "reasoning" in obj:
+        fields["reasoning"] = _text(number, "reasoning", obj["reasoning"])
+    if obj.get("tool_calls"):
+        if role != Message.Role.ASSISTANT:
+            raise TransferError(number, "only an assistant message has tool calls")
+        fields["tool_calls"] = _tool_calls(number, obj["tool_calls"])
+    elif "tool_calls" in obj and obj["tool_calls"] != []:
+        raise TransferError(number, "'tool_calls' must be a list")
+    if "tool_call_id" in obj:
+        fields["tool_call_id"] = _text(number, "tool_call_id", obj["tool_call_id"], 120)
+    for name in ("complete", "steer"):
+        if name in obj:
+            if not isinstance(obj[name], bool):
+                raise TransferError(number, f"{name!r} must be bool")
+            fields[name] = obj[name]
+    parent, selected = _place(number, obj, index)
+    if selected is not None:
+        fields["selected_at"] = selected
+    return _Line(fields, parent, _files(number, obj, role))
+
+
+def _lines(source: IO[str]) -> Iterator[tuple[int, str]]:
+    """The file's non-blank lines and their numbers, read from the start."""
+    source.seek(0)
+    number = 0
+    try:
+        for number, line in enumerate(source, start=1):  # noqa: B007
+            if line.strip():
+                yield number, line
+    except UnicodeDecodeError:
+        raise TransferError(number + 1, "the file is not UTF-8 text") from None
+
+
+def _header(lines: Iterator[tuple[int, str]]) -> dict:
+    first = next(lines, None)
+    if first is None:
+        raise TransferError(0, "empty file")
+    number, line = first
+    return _session_fields(number, _parse(number, line))
+
+
+def _checked_messages(lines: Iterator[tuple[int, str]]) -> Iterator[_Line]:
+    """Each message line, checked; refused past `HERMES_IMPORT_MAX_MESSAGES`."""
+    limit = max_messages()
+    for index, (number, line) in enumerate(lines):
+        if index >= limit:
             raise TransferError(
-                number, f"expected a message line, got type {obj.get('type')!r}"
+                number,
+                f"more than {limit} messages, the most one import may hold",
+                status=413,
+                limit="import_messages",
             )
-        fields = _checked(number, obj, Message, _MESSAGE_FIELDS, ("role", "content"))
-        if fields["role"] not in roles:
-            raise TransferError(number, f"unknown role {fields['role']!r}")
-        parent, selected = _place(number, obj, index)
-        if selected is not None:
-            fields["selected_at"] = selected
-        yield Message(session_id=session_id, **fields), parent, _files(number, obj)
-        index += 1
+        yield _message(number, _parse(number, line), index)
 
 
-def session_import(*, owner, lines: Iterable[str]) -> tuple[ChatSession, int]:
+def check_file_whole(source: IO[str]) -> tuple[dict, int]:
+    """The first pass: every line checked, nothing written, one line in memory
+    at a time; (the session's fields, how many messages)."""
+    lines = _lines(source)
+    fields = _header(lines)
+    count = sum(1 for _ in _checked_messages(lines))
+    return fields, count
+
+
+def _rereadable(lines: Iterable[str] | IO[str]) -> tuple[IO[str], bool]:
+    """`lines` as a text file read twice: itself if it can seek, else a copy
+    (in memory up to SPOOL_BYTES, then on disk); (file, whether a copy)."""
+    seekable = getattr(lines, "seekable", None)
+    if callable(seekable) and seekable():
+        return lines, False  # type: ignore[return-value]
+    copy = tempfile.SpooledTemporaryFile(
+        max_size=SPOOL_BYTES, mode="w+", encoding="utf-8", newline=""
+    )
+    for line in lines:
+        copy.write(line if line.endswith("\n") else line + "\n")
+    return copy, True
+
+
+# --- import: writing ------------------------------------------------------------
+
+
+def session_import(*, owner, lines: Iterable[str] | IO[str]) -> tuple[ChatSession, int]:
     """Create a session of `owner` from an export; (session, messages imported).
 
-    All or nothing: a bad line raises `TransferError` and nothing is kept.
+    All or nothing: a bad line raises `TransferError` before anything is
+    written; a chunk that fails to be written removes what was.
     """
-    numbered = enumerate(lines, start=1)
-    header = next(((n, line) for n, line in numbered if line.strip()), None)
-    if header is None:
-        raise TransferError(0, "empty file")
-    number, line = header
-    head = _parse(number, line)
-    if head.get("type") != "session" or head.get("format") != FORMAT:
-        raise TransferError(
-            number, f"not a {FORMAT} export (the first line is not its header)"
+    source, copied = _rereadable(lines)
+    try:
+        fields, count = check_file_whole(source)
+        _remove_stale_imports(owner)
+        session = ChatSession.all_objects.create(
+            owner=owner, importing=True, title_by_user=True, **fields
         )
-    if head.get("version") != VERSION:
-        raise TransferError(number, f"unsupported version {head.get('version')!r}")
-    fields = _checked(number, head, ChatSession, _SESSION_FIELDS, ("title",))
+        try:
+            written = _write_messages(owner, session, source)
+            _reveal(session)
+        except BaseException:
+            remove_import(session_id=session.pk)
+            raise
+    finally:
+        if copied:
+            source.close()
+    if written != count:  # the file changed between the two passes
+        log.warning("import of session %s wrote %d of %d", session.pk, written, count)
+    return session, written
+
+
+def _write_messages(owner, session: ChatSession, source: IO[str]) -> int:
+    """The second pass: CHUNK messages per transaction, parents linked."""
+    lines = _lines(source)
+    next(lines)  # the header, checked already
+    ids = array("q")  # the new id of each message line, by position
+    chunk: list[_Line] = []
+    for line in _checked_messages(lines):
+        chunk.append(line)
+        if len(chunk) == CHUNK:
+            _write_chunk(owner, session.pk, chunk, ids)
+            chunk = []
+    if chunk:
+        _write_chunk(owner, session.pk, chunk, ids)
+    return len(ids)
+
+
+def _write_chunk(owner, session_id: int, chunk: list[_Line], ids: array) -> None:
+    """One short transaction: the chunk's messages, their parents, their files.
+
+    A parent in an earlier chunk is known at insert; one in this chunk is
+    set once the chunk's ids are."""
+    first = len(ids)
     with transaction.atomic():
-        session = session_create(owner=owner, **fields)
-        ids: list[int] = []  # the new id of each message line
-        parents: list[int | None] = []
-        batch: list[Message] = []
-        files: list[tuple[Message, Checked]] = []
-        for message, parent, checked in _messages(numbered, session.pk):
-            batch.append(message)
-            parents.append(parent)
-            files += [(message, file) for file in checked]
-            if len(batch) == CHUNK:
-                ids.extend(m.pk for m in Message.objects.bulk_create(batch))
-                batch = []
-                _store_files(owner, files)
-                files = []
-        ids.extend(m.pk for m in Message.objects.bulk_create(batch))
-        _store_files(owner, files)
-        _link(ids, parents)
-    return session, len(ids)
-
-
-def _store_files(owner, files: list[tuple[Message, Checked]]) -> None:
-    """The imported files of messages just created (their ids are known)."""
-    Attachment.objects.bulk_create(
-        Attachment(
-            owner=owner,
-            message_id=message.pk,
-            name=file.name,
-            kind=file.kind,
-            mime=file.mime,
-            size=len(file.data),
-            data=file.data,
+        messages = [
+            Message(
+                session_id=session_id,
+                parent_id=(
+                    ids[line.parent]
+                    if line.parent is not None and line.parent < first
+                    else None
+                ),
+                **line.fields,
+            )
+            for line in chunk
+        ]
+        Message.objects.bulk_create(messages)
+        ids.extend(m.pk for m in messages)
+        inside = [
+            Message(pk=m.pk, parent_id=ids[line.parent])
+            for m, line in zip(messages, chunk, strict=True)
+            if line.parent is not None and line.parent >= first
+        ]
+        Message.objects.bulk_update(inside, ["parent"], batch_size=CHUNK)
+        Attachment.objects.bulk_create(
+            Attachment(
+                owner=owner,
+                message_id=m.pk,
+                name=file.name,
+                kind=file.kind,
+                mime=file.mime,
+                size=len(file.data),
+                data=file.data,
+            )
+            for m, line in zip(messages, chunk, strict=True)
+            for file in line.files
         )
-        for message, file in files
-    )
 
 
-def _link(ids: list[int], parents: list[int | None]) -> None:
-    """Point the created messages at their parents, CHUNK rows per query."""
-    linked = [
-        Message(pk=pk, parent_id=ids[parent])
-        for pk, parent in zip(ids, parents, strict=True)
-        if parent is not None
-    ]
-    Message.objects.bulk_update(linked, ["parent"], batch_size=CHUNK)
+def _reveal(session: ChatSession) -> None:
+    """The last step: the session shows in lists, search and the API."""
+    from .services import _announce_on_commit
+
+    with transaction.atomic():
+        ChatSession.all_objects.filter(pk=session.pk).update(
+            importing=False, updated_at=timezone.now()
+        )
+        _announce_on_commit(
+            session.owner_id, "session", {"action": "created", "session_id": session.pk}
+        )
+    session.importing = False
+
+
+def remove_import(*, session_id: int) -> None:
+    """Remove a hidden import, CHUNK messages per transaction (children
+    first), then the session."""
+    messages = Message.objects.filter(session_id=session_id)
+    while True:
+        page = list(messages.order_by("-id").values_list("id", flat=True)[:CHUNK])
+        if not page:
+            break
+        with transaction.atomic():
+            Message.objects.filter(pk__in=page).delete()
+    ChatSession.all_objects.filter(pk=session_id, importing=True).delete()
+
+
+def _remove_stale_imports(owner) -> None:
+    """Hidden imports of `owner` left by a process that died mid-import."""
+    stale = ChatSession.all_objects.filter(
+        owner=owner, importing=True, created_at__lt=timezone.now() - STALE_IMPORT
+    ).values_list("pk", flat=True)
+    for pk in list(stale):
+        remove_import(session_id=pk)
+
+
+def text_source(data: IO[bytes]) -> IO[str]:
+    """An uploaded file (bytes) as the text lines `session_import` reads."""
+    return io.TextIOWrapper(data, encoding="utf-8", newline="")
 
 
 def session_markdown(*, session: ChatSession) -> Iterator[str]:
     """The session for people to read: its title, then each message under its
     role, tool calls and results in fenced blocks. Not read back (the JSON
-    Lines export is the one that is)."""
+    Lines export is the one that is). CHUNK messages a query; tool calls of
+    any shape (rows stored before imports were checked) are shown, never a 500.
+    """
     yield f"# {session.title}\n\n"
     if session.model:
         yield f"Model: `{session.model}`\n\n"
     if session.system_prompt:
         yield f"## System prompt\n\n{_fenced(session.system_prompt)}\n"
     headings = {"user": "User", "assistant": "Assistant", "tool": "Tool result"}
-    rows = session.messages.order_by("id").values(
-        "id", "role", "content", "tool_calls", "tool_call_id", "complete", "steer"
-    )
-    with_files = set(
-        Attachment.objects.filter(message__session=session).values_list(
-            "message_id", flat=True
-        )
-    )
-    for row in rows.iterator(chunk_size=CHUNK):
-        role = row["role"]
-        if role == Message.Role.SYSTEM:
-            continue
-        note = "" if row["complete"] else " (incomplete)"
-        note += " (steered into the answer)" if row["steer"] else ""
-        yield f"## {headings.get(role, role)}{note}\n\n"
-        if role == Message.Role.TOOL:
-            yield _fenced(row["content"])
-        elif row["content"]:
-            yield row["content"].rstrip("\n") + "\n"
-        if row["id"] in with_files:
-            yield from _markdown_files(row["id"])
-        for call in row["tool_calls"] or []:
-            function = call.get("function") or {}
-            name = function.get("name") or call.get("name") or "tool"
-            yield f"\nTool call `{name}`:\n\n{_fenced(function.get('arguments', ''))}"
-        yield "\n"
+    fields = ("role", "content", "tool_calls", "tool_call_id", "complete", "steer")
+    for page in _pages(session, *fields):
+        with_files = _with_files(session, page)
+        for row in page:
+            role = row["role"]
+            if role == Message.Role.SYSTEM:
+                continue
+            note = "" if row["complete"] else " (incomplete)"
+            note += " (steered into the answer)" if row["steer"] else ""
+            yield f"## {headings.get(role, role)}{note}\n\n"
+            if role == Message.Role.TOOL:
+                yield _fenced(row["content"])
+            elif row["content"]:
+                yield row["content"].rstrip("\n") + "\n"
+            if row["id"] in with_files:
+                yield from _markdown_files(row["id"])
+            calls = row["tool_calls"] if isinstance(row["tool_calls"], list) else []
+            for call in calls:
+                name, arguments = _call_parts(call)
+                yield f"\nTool call `{name}`:\n\n{_fenced(arguments)}"
+            yield "\n"
+
+
+def _call_parts(call: Any) -> tuple[str, str]:
+    """A stored tool call's name and arguments as text, whatever its shape."""
+    call = call if isinstance(call, dict) else {}
+    function = call.get("function")
+    function = function if isinstance(function, dict) else {}
+    name = function.get("name") or call.get("name") or "tool"
+    arguments = function.get("arguments", "")
+    if not isinstance(name, str):
+        name = json.dumps(name, ensure_ascii=False)
+    if not isinstance(arguments, str):
+        arguments = json.dumps(arguments, ensure_ascii=False)
+    return name.replace("`", "'")[:TOOL_NAME_MAX], arguments
 
 
 def _markdown_files(message_id: int) -> Iterator[str]:

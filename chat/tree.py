@@ -14,11 +14,13 @@ The model is sent one path only: a run's own (`run_path`), whatever the page
 shows meanwhile.
 """
 
+import itertools
+import json
 from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.db import connection, transaction
-from django.db.models import Q
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from journal.models import Run
@@ -102,20 +104,50 @@ def active_leaf(*, session_id: int) -> int | None:
     return path[-1] if path else None
 
 
+#: Ids per statement where a branch's ids must be named: under SQLite's oldest
+#: variable limit (999). A branch is as long as its session, and one statement
+#: naming all of it fails past the database's limit (32,766 on SQLite, 65,535
+#: on PostgreSQL) — on every read of the session, as if the database were out.
+IDS_PER_QUERY = 500
+
+
+def ids_in(ids: list[int]) -> RawSQL:
+    """The subquery `pk__in=ids_in(ids)`: the ids passed as one parameter (a
+    JSON array on SQLite, an array on PostgreSQL), whatever their number."""
+    if connection.vendor == "postgresql":
+        return RawSQL("SELECT unnest(%s::bigint[])", [list(ids)])
+    return RawSQL("SELECT value FROM json_each(%s)", [json.dumps(list(ids))])
+
+
 def branch_last_run(*, session_id: int) -> str | None:
     """The newest run of the active branch: of those that made its messages,
-    and those that answered its last message and left none (a failed run)."""
+    and those that answered its last message and left none (a failed run).
+
+    The session's runs are read newest first until one is on the branch (the
+    newest run of a session usually is): no statement names the branch's ids.
+    """
     path = Tree.of_session(session_id).active_path()
     if not path:
         return None
-    runs = Message.objects.filter(pk__in=path, run__isnull=False).values("run_id")
-    return (
+    on_branch = set(path)
+    runs = (
         Run.objects.filter(turn__session_id=session_id)
-        .filter(Q(id__in=runs) | Q(turn__reply_to_id=path[-1]))
         .order_by("-created_at", "-id")
-        .values_list("id", flat=True)
-        .first()
+        .values_list("id", "turn__reply_to_id")
     )
+    for start in itertools.count(0, IDS_PER_QUERY):
+        page = list(runs[start : start + IDS_PER_QUERY])
+        if not page:
+            return None
+        ids = [run_id for run_id, _ in page]
+        made = Message.objects.filter(session_id=session_id, run_id__in=ids)
+        branch_runs = {
+            run_id for run_id, pk in made.values_list("run_id", "id") if pk in on_branch
+        }
+        for run_id, reply_to in page:
+            if reply_to == path[-1] or run_id in branch_runs:
+                return run_id
+    return None
 
 
 def run_leaf(*, run_id: str) -> int | None:
@@ -150,7 +182,10 @@ def message_select(*, message: Message, now: datetime | None = None) -> list[int
     """
     tree = Tree.of_session(message.session_id)
     path = tree.path_to(message.pk)
+    when = now or timezone.now()
     with transaction.atomic():
-        Message.objects.filter(pk__in=path).update(selected_at=now or timezone.now())
+        for start in range(0, len(path), IDS_PER_QUERY):
+            part = path[start : start + IDS_PER_QUERY]
+            Message.objects.filter(pk__in=part).update(selected_at=when)
     tree = Tree.of_session(message.session_id)
     return tree.active_path()

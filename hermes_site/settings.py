@@ -426,6 +426,9 @@ HERMES = {
     # /healthz: a worker heartbeat older than this is a worker gone (0: automatic).
     "HEALTH_WORKER_MAX_AGE_S": env.float("HERMES_HEALTH_WORKER_MAX_AGE_S", default=0.0),
     # Tools the model may call; unset means every safe built-in.
+    # Messages one imported session file may hold (413 `import_messages` past
+    # it, before anything is written).
+    "IMPORT_MAX_MESSAGES": env.int("HERMES_IMPORT_MAX_MESSAGES", default=20_000),
     "TOOLS": env.list("HERMES_TOOLS", default=None),
     # Anyone may sign up (else only the first user, or once an admin opens it).
     "OPEN_SIGNUP": env.bool("HERMES_OPEN_SIGNUP", default=False),

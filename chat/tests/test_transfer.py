@@ -29,7 +29,7 @@ def rich_session(alice):
     session = ChatSession.objects.create(
         owner=alice[0],
         title="Über «tricky» chat",
-        model="fake-model",
+        model="demo",
         system_prompt="Be brief.\nAlways.",
         archived=True,
     )
@@ -48,7 +48,6 @@ def rich_session(alice):
             "content": '2 — 🦊 "quoted"\n\ttabbed',
             "reasoning": "r\u2028s",
         },
-        {"role": "system", "content": ""},
     ):
         Message.objects.create(session=session, **fields)
     return session
@@ -62,7 +61,7 @@ def test_export_then_import_round_trips_exactly(tmp_path, rich_session, alice, b
     )
     assert (
         err.getvalue().strip()
-        == f"exported session {rich_session.pk}: 6 message(s) to {path}"
+        == f"exported session {rich_session.pk}: 5 message(s) to {path}"
     )
     lines = path.read_text(encoding="utf-8").splitlines()
     header = json.loads(lines[0])
@@ -77,7 +76,6 @@ def test_export_then_import_round_trips_exactly(tmp_path, rich_session, alice, b
         "tool",
         "assistant",
         "assistant",
-        "system",
     ]
 
     out = io.StringIO()
@@ -85,7 +83,7 @@ def test_export_then_import_round_trips_exactly(tmp_path, rich_session, alice, b
     imported = ChatSession.objects.exclude(pk=rich_session.pk).get()
     assert (
         out.getvalue().strip()
-        == f"imported session {imported.pk} for bob: 6 message(s)"
+        == f"imported session {imported.pk} for bob: 5 message(s)"
     )
     assert imported.owner == bob[0]
     assert (
@@ -170,7 +168,7 @@ HEAD = '{"type": "session", "format": "hermes-session", "version": 1, "title": "
             '{"type": "session", "format": "hermes-session", "version": 1, "title": "'
             + "x" * 201
             + '"}\n',
-            "line 1: 'title' is longer than 200 characters",
+            "line 1: 'title': Ensure this field has no more than 200 characters",
         ),
     ],
 )
