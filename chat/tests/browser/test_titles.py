@@ -4,8 +4,10 @@ live in the header and the sidebar (through the user's notifications)."""
 from playwright.sync_api import expect
 
 from chat.models import ChatSession
+from chat.titles import title_subject
 from hermes_testing.browser import PYTESTMARK, SCREENSHOTS, send, wait_settled
 from hermes_testing.fake_llm import Reply
+from journal.models import Run
 
 pytestmark = PYTESTMARK
 
@@ -40,3 +42,32 @@ def test_a_new_chat_gets_its_generated_title_live(open_page, alice, model, title
     wait_settled(page)
     expect(page.get_by_test_id("session-name")).to_have_text("My Italy")
     assert ChatSession.objects.get(pk=session.pk).title == "My Italy"
+
+
+def test_a_refusal_is_no_title_the_chat_is_named_after_the_question(
+    open_page, alice, model, titles_on
+):
+    """A small model answering the title run "I'm sorry, …" (issue 41): the
+    chat is named after the first words of its question, live and after a
+    reload, and the title run completes."""
+    model.push(
+        Reply(text="Rome, Florence and Venice are the classics."),
+        Reply(text="I'm sorry, but I can't help with naming this conversation."),
+    )
+    page = open_page(alice[0])
+    send(page, "Which cities should I see in Italy on a first trip?")
+    wait_settled(page)
+    expect(page.get_by_test_id("session-title")).to_have_text(
+        "Which cities should I see in"
+    )
+    expect(page.get_by_test_id("session-name")).to_have_text(
+        "Which cities should I see in"
+    )
+    page.reload()
+    expect(page.get_by_test_id("app")).to_have_attribute("data-ready", "true")
+    expect(page.get_by_test_id("session-name")).to_have_text(
+        "Which cities should I see in"
+    )
+    session = ChatSession.objects.get(owner=alice[0])
+    title_run = Run.objects.get(subject=title_subject(session.pk))
+    assert title_run.status == Run.Status.COMPLETED
