@@ -244,6 +244,9 @@ AXES_LOCKOUT_PARAMETERS = [["username", "ip_address"]]
 AXES_RESET_ON_SUCCESS = True
 AXES_CLIENT_IP_CALLABLE = "hermes_site.login_guard.client_ip"
 AXES_LOCKOUT_CALLABLE = "hermes_site.login_guard.locked_out"
+# Axes's database handler, with each guess counted before its password is
+# checked, so a parallel burst gets at most the limit (docs/security.md).
+AXES_HANDLER = "hermes_site.login_guard.CountedGuessHandler"
 HERMES_LOGIN_CLIENT_IP_HEADER = env.str("HERMES_LOGIN_CLIENT_IP_HEADER", default="")
 LOGIN_URL = "/accounts/login/"
 LOGIN_REDIRECT_URL = "/"
@@ -389,6 +392,20 @@ HERMES = {
     # (chat/titles.py); off: chats keep "New chat" until renamed.
     "TITLES": env.bool("HERMES_TITLES", default=True),
     "STREAM_IDLE_TIMEOUT_S": env.float("HERMES_STREAM_IDLE_TIMEOUT_S", default=300.0),
+    # An answer's output limit in tokens, sent with every request (0: none,
+    # the server's own, which for a local server may be its whole context);
+    # a HERMES_PROVIDERS entry's `max_tokens` wins for its models. An answer
+    # that reaches it ends `output-limit`, and the page offers Continue.
+    "MAX_OUTPUT_TOKENS": env.int("HERMES_MAX_OUTPUT_TOKENS", default=4096),
+    # Retries before response headers (429, 5xx, transport errors) and all
+    # their waits together, Retry-After included; a HERMES_PROVIDERS entry's
+    # `http_retries` / `retry_budget_s` win. Behind a proxy that retries
+    # itself (LiteLLM), fewer keep a refusal quick.
+    "HTTP_RETRIES": env.int("HERMES_HTTP_RETRIES", default=3),
+    "RETRY_BUDGET_S": env.float("HERMES_RETRY_BUDGET_S", default=60.0),
+    # How the `openai` endpoint is asked to continue a cut answer
+    # (chat.checks.CONTINUATIONS; docs/providers.md).
+    "CONTINUATION": env.str("HERMES_CONTINUATION", default="prefill"),
     "OPENAI_BASE_URL": env.str("OPENAI_BASE_URL", default=""),
     "OPENAI_API_KEY": env.str("OPENAI_API_KEY", default=""),
     "DEFAULT_MODEL": env.str("HERMES_DEFAULT_MODEL", default=""),
@@ -423,12 +440,12 @@ HERMES = {
     ],
     # An imported session file (POST /api/sessions/import/), in bytes.
     "IMPORT_MAX_BYTES": env.int("HERMES_IMPORT_MAX_BYTES", default=20 * 1024 * 1024),
-    # /healthz: a worker heartbeat older than this is a worker gone (0: automatic).
-    "HEALTH_WORKER_MAX_AGE_S": env.float("HERMES_HEALTH_WORKER_MAX_AGE_S", default=0.0),
-    # Tools the model may call; unset means every safe built-in.
     # Messages one imported session file may hold (413 `import_messages` past
     # it, before anything is written).
     "IMPORT_MAX_MESSAGES": env.int("HERMES_IMPORT_MAX_MESSAGES", default=20_000),
+    # /healthz: a worker heartbeat older than this is a worker gone (0: automatic).
+    "HEALTH_WORKER_MAX_AGE_S": env.float("HERMES_HEALTH_WORKER_MAX_AGE_S", default=0.0),
+    # Tools the model may call; unset means every safe built-in.
     "TOOLS": env.list("HERMES_TOOLS", default=None),
     # Anyone may sign up (else only the first user, or once an admin opens it).
     "OPEN_SIGNUP": env.bool("HERMES_OPEN_SIGNUP", default=False),

@@ -2,15 +2,19 @@
 
 Wrong passwords for one account from one address are refused (429, with
 `Retry-After`) after HERMES_LOGIN_FAILURE_LIMIT tries, on the site's login and
-the admin's; the lock covers that account only. Sign-up refuses numeric
-passwords and passwords like the username.
+the admin's, parallel tries included; the lock covers that account only.
+Sign-up refuses numeric passwords and passwords like the username.
 """
+
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 from django.conf import settings
 
 from chat.views import SIGNUP_OPEN_GROUP
+from hermes_testing.harness import wait_until
 
 PASSWORD = "correct horse battery staple"
 
@@ -95,3 +99,77 @@ def test_signup_refuses_weak_passwords(
     assert needle in response.text
     assert not django_user_model.objects.filter(username=username).exists()
     assert signup(server, username, PASSWORD).status_code == 302
+
+
+BURST = 12
+
+
+def test_a_parallel_burst_gets_at_most_the_limit_of_guesses(
+    server, transactional_db, django_user_model, monkeypatch
+):
+    """Every guess of a burst reaches the server before any is checked: the
+    password checks are held until each request is either being checked or
+    answered, so all of them passed the throttle's look at the count at the
+    same time. Only `AXES_FAILURE_LIMIT` passwords may be checked."""
+    from axes.models import AccessAttempt  # type: ignore[import-untyped]
+
+    django_user_model.objects.create_user("burst", password=PASSWORD)
+    limit = settings.AXES_FAILURE_LIMIT
+    assert BURST > 2 * limit
+    checks = []
+    answered = []
+    lock = threading.Lock()
+    release = threading.Event()
+    real_check = django_user_model.check_password
+
+    def held_check(user, raw_password):
+        with lock:
+            checks.append(raw_password)
+        release.wait(60)
+        return real_check(user, raw_password)
+
+    monkeypatch.setattr(django_user_model, "check_password", held_check)
+    clients = []
+    for _ in range(BURST):
+        client = httpx.Client(base_url=server.url, timeout=90)
+        client.get("/accounts/login/")
+        clients.append(client)
+
+    def guess(n: int) -> int:
+        client = clients[n]
+        response = client.post(
+            "/accounts/login/",
+            data={
+                "username": "burst",
+                "password": f"wrong-{n}",
+                "csrfmiddlewaretoken": client.cookies["csrftoken"],
+            },
+            headers={"Referer": server.url + "/accounts/login/"},
+        )
+        with lock:
+            answered.append(response.status_code)
+        return response.status_code
+
+    try:
+        with ThreadPoolExecutor(BURST) as pool:
+            futures = [pool.submit(guess, n) for n in range(BURST)]
+
+            def settled() -> bool:
+                with lock:
+                    return len(checks) + len(answered) == BURST
+
+            wait_until(settled, timeout=60)
+            release.set()
+            codes = [f.result(90) for f in futures]
+    finally:
+        release.set()
+        for client in clients:
+            client.close()
+    assert len(checks) <= limit, f"{len(checks)} guesses checked, limit {limit}"
+    assert codes.count(429) >= BURST - limit
+    # Each checked guess is recorded (refused ones too: axes restarts the
+    # cool-off on a try during a lock-out).
+    failures = AccessAttempt.objects.filter(username="burst")
+    assert sum(a.failures_since_start for a in failures) >= len(checks)
+    # Locked now, even with the right password.
+    assert login(server, "/accounts/login/", "burst", PASSWORD).status_code == 429
