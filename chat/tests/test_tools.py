@@ -12,6 +12,9 @@ import pytest
 from chat import tools
 from chat.tools import Tool, ToolError, calculate, run_tool, tools_schema
 from hermes_testing import tool_doubles
+from hermes_testing.api import new_session, start_run, stream
+from hermes_testing.fake_llm import Reply
+from journal.fold import Fold
 
 
 @pytest.fixture
@@ -256,3 +259,43 @@ def test_cancelling_a_call_kills_its_process(settings, tmp_path):
     finally:
         tools.unregister("spin")
         toolpool.shutdown()
+
+
+def test_each_call_has_an_id_of_its_own_in_the_run_and_the_model_gets_its_own(
+    server, alice, fake_llm, live_worker
+):
+    """The fake numbers its ids per response (`call_fake_0` every step), and a
+    step may repeat one: each call is journaled under an id unique in its run
+    before it runs (one card each), and the model is answered under its ids."""
+
+    def calc(expression: str, **call: str) -> dict:
+        args = json.dumps({"expression": expression})
+        return {**call, "name": "calculator", "arguments": args}
+
+    fake_llm.push(
+        Reply(tool_calls=[calc("1+1")]),  # call_fake_0
+        Reply(tool_calls=[calc("2+2"), calc("3+3", id="call_fake_0")]),
+        Reply(text="Done."),
+    )
+    run_id = start_run(server, alice[1], new_session(server, alice[1]), "sums")
+    events = stream(server, alice[1], run_id)
+    assert events[-1][2]["status"] == "completed"
+    announced: list[str] = []
+    for _, kind, data in events:
+        if kind == "tool":
+            announced.append(data["tool_call_id"])
+        elif kind == "tool_complete":
+            assert data["tool_call_id"] == announced[-1]  # announced, then run
+    assert len(set(announced)) == 3 and announced[0] == "call_fake_0"
+    fold = Fold()
+    for _, kind, data in events:
+        fold.add(kind, data)
+    cards = [p for p in fold.turn()["parts"] if p["kind"] == "tool"]
+    assert [c["result"] for c in cards] == ["2", "4", "6"]
+    sent = fake_llm.requests[2].messages
+    assert [m["tool_call_id"] for m in sent if m["role"] == "tool"] == [
+        "call_fake_0",
+        "call_fake_0",
+        "call_fake_0",
+    ]
+    assert [m["content"] for m in sent if m["role"] == "tool"] == ["2", "4", "6"]
