@@ -15,11 +15,19 @@ from django.core.checks import CheckMessage, Error, Warning, register
 PROVIDER_KINDS = ("openai", "anthropic", "responses")  # chat/providers/registry.py
 #: Settings of one kind of provider, passed to it as keyword arguments.
 PROVIDER_OPTIONS = {
-    "max_tokens": "anthropic",
-    "thinking_budget": "anthropic",
-    "reasoning_summary": "responses",
+    "max_tokens": PROVIDER_KINDS,  # an answer's output limit, in tokens
+    "http_retries": PROVIDER_KINDS,  # rule 1's retries before response headers
+    "retry_budget_s": PROVIDER_KINDS,  # rule 1's waits, Retry-After included
+    "continuation": ("openai",),  # how a resume asks to continue (CONTINUATIONS)
+    "thinking_budget": ("anthropic",),
+    "reasoning_summary": ("responses",),
 }
 REASONING_SUMMARIES = ("auto", "concise", "detailed")
+#: How an OpenAI-compatible server is asked to continue a cut answer: the
+#: conversation ends in the partial assistant message (`prefill`, which
+#: servers that continue a final assistant message do), plus vLLM's and
+#: SGLang's `continue_final_message` flags (`continue_final_message`).
+CONTINUATIONS = ("prefill", "continue_final_message")
 PROVIDER_KEYS = {
     "name",
     "kind",
@@ -47,16 +55,25 @@ def provider_entry_problems(item: object) -> list[str]:
     kind = item.get("kind", "openai")
     if kind not in PROVIDER_KINDS:
         problems.append(f"'kind' must be one of {list(PROVIDER_KINDS)}, not {kind!r}")
-    for key, owner in PROVIDER_OPTIONS.items():
+    for key, owners in PROVIDER_OPTIONS.items():
         value = item.get(key)
         if value is None:
             continue
-        if kind != owner:
-            problems.append(f"{key!r} applies to kind {owner!r} only")
+        if kind not in owners:
+            problems.append(f"{key!r} applies to kind {owners[0]!r} only")
         elif key == "reasoning_summary":
             if value not in REASONING_SUMMARIES:
                 problems.append(f"{key!r} must be one of {list(REASONING_SUMMARIES)}")
-        elif not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        elif key == "continuation":
+            if value not in CONTINUATIONS:
+                problems.append(f"{key!r} must be one of {list(CONTINUATIONS)}")
+        elif key == "retry_budget_s":
+            if not _number(value) or value <= 0:
+                problems.append(f"{key!r} must be a positive number of seconds")
+        elif key == "http_retries":
+            if not _whole(value) or value < 0:
+                problems.append(f"{key!r} must be a whole number, 0 or more")
+        elif not _whole(value) or value < 1:
             problems.append(f"{key!r} must be a positive whole number")
     vision = item.get("vision", False)
     if not isinstance(vision, bool) and not (
@@ -69,6 +86,14 @@ def provider_entry_problems(item: object) -> list[str]:
     if not isinstance(models, list) or not all(isinstance(m, str) for m in models):
         problems.append("'models' must be a list of strings")
     return problems
+
+
+def _whole(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 @register()

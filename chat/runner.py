@@ -65,6 +65,7 @@ _DIAG_SUMS = (
     "stream_resumes",
     "stream_reattaches",
 )
+OUTPUT_LIMIT = "output-limit"  # the terminal state of an answer cut at max_tokens
 CANCEL_UPSTREAM_S = 5.0  # a Stop waits at most this long on the provider's cancel
 
 
@@ -702,7 +703,10 @@ def _closing_events(result, usage, stop_reason: str, budget: Budget, bound):
         events.append(("error", error))
         status, state = Run.Status.FAILED, bound
     elif result.outcome == COMPLETED:
-        status, state, error = Run.Status.COMPLETED, "completed", None
+        # An answer the model ended at its output limit is whole as far as
+        # the model goes, but cut for the person: it says so (Continue).
+        state = OUTPUT_LIMIT if result.finish_reason == "length" else "completed"
+        status, error = Run.Status.COMPLETED, None
     elif result.outcome == CANCELLED_OUTCOME and stop_reason == "shutdown":
         status, state, error = Run.Status.INTERRUPTED, "worker-shutdown", None
     elif result.outcome == CANCELLED_OUTCOME and stop_reason == "database":

@@ -50,7 +50,7 @@ from chat.providers.base import (
     Upstream,
     Usage,
 )
-from journal.events import REATTACH_STATUS, storable
+from journal.events import REATTACH_STATUS, RESUME_STATUS, storable
 from journal.fold import usage_sum
 
 logger = logging.getLogger(__name__)
@@ -61,6 +61,7 @@ CANCELLED_OUTCOME: Final = "cancelled"
 MAX_STREAM_SECONDS = 30 * 60  # rule 5: no honest answer streams for half an hour
 MAX_CONTENT_BYTES = 10 * 2**20  # rule 5: bounds memory and the journal per stream
 MAX_REATTACHES = 3  # re-attaches per stream: a cut is cheap, an endless loop is not
+MIN_RATE_SPAN_S = 0.25  # a shorter stream is a burst: no tokens/s is shown
 CURSOR_EVERY_S = 1.0  # journal the upstream cursor this often: a takeover re-reads
 # at most this much of the stream (the first cursor of a stream goes at once)
 
@@ -233,8 +234,12 @@ class _Meter:
                 round((self.first - self.started) * 1000) if self.first else None
             ),
             # Delta frames per second: OpenAI-compatible servers send about one
-            # token per frame; usage, when reported, is the exact count.
-            "tokens_per_s": round(self.deltas / span, 1) if span > 0 else None,
+            # token per frame; usage, when reported, is the exact count. The
+            # frames after the first came over the span; an answer that came
+            # in one burst has no rate worth showing (it read 72,707.9 tok/s).
+            "tokens_per_s": (
+                round((self.deltas - 1) / span, 1) if span >= MIN_RATE_SPAN_S else None
+            ),
         }
 
 
@@ -388,13 +393,20 @@ class _Turn:
         """Rule 3: keep the shown partial, say so, end the history with it."""
         await self.sink.commit_partial(attempt.text, attempt.thought)
         self.sink.status(
-            f"Retry attempt: stream-resume {self.resumes}/{self.max_resumes}; "
-            f"{error.reason}"
+            f"{RESUME_STATUS} {self.resumes}/{self.max_resumes}; {error.reason}"
         )
         if attempt.content:
             # Reasoning-only partials are committed but not replayed: an empty
             # assistant message would give the model nothing to continue from.
-            history.append({"role": "assistant", "content": attempt.text})
+            # A second resume extends the first's message: the request ends in
+            # one assistant message holding all that was shown, which servers
+            # that continue a final assistant message continue, and which keeps
+            # the roles alternating for chat templates that require it.
+            last = history[-1] if history else None
+            if last is not None and _plain_assistant(last):
+                history[-1] = {**last, "content": last["content"] + attempt.text}
+            else:
+                history.append({"role": "assistant", "content": attempt.text})
 
     def _result(
         self, outcome: str, attempt: _Attempt, error: ProviderError | None
@@ -515,6 +527,16 @@ async def _read(
                 raise ProviderError(
                     PROVIDER, f"stream exceeded the {max_bytes} byte cap"
                 )
+
+
+def _plain_assistant(message: dict[str, Any] | None) -> bool:
+    """An assistant message of text alone (no tool calls, no content parts)."""
+    return (
+        message is not None
+        and message.get("role") == "assistant"
+        and isinstance(message.get("content"), str)
+        and not message.get("tool_calls")
+    )
 
 
 def _cancelled() -> ProviderError:

@@ -99,6 +99,10 @@ TERMINAL = "end"
 # Statuses that begin so say a stream is being re-attached, not regenerated
 # (the turn engine's re-attach, and journal.leases queueing a lost run again).
 REATTACH_STATUS = "Retry attempt: re-attach"
+# Statuses that begin so say the answer was cut and asked for again, carrying
+# what was shown: what follows may continue it or start over, so readers mark
+# the place (`journal.fold`'s `resume` part).
+RESUME_STATUS = "Retry attempt: stream-resume"
 END_STATUSES = frozenset({"completed", "failed", "cancelled", "interrupted"})
 DECISIONS = frozenset({"approve", "deny"})
 

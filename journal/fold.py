@@ -14,7 +14,10 @@ The rules:
    completed in place by its `tool_complete` (one for an unknown call adds a
    card with empty arguments; a repeated `tool` adds nothing), and `steer`
    parts, a person's message injected into the run where it landed (one per
-   event; never joined with anything).
+   event; never joined with anything), and `resume` parts where the answer
+   was cut and asked for again (a `status` that begins with
+   `journal.events.RESUME_STATUS`): the text after it is a new segment, so a
+   reader sees where the answer went on, or started over.
 2. `statuses` are the `status` messages in order; `error` is the last `error`
    event, else the error the `end` carries; `end` is the `end` payload.
 3. `usage` adds up every `usage` event (numbers add, nested objects merge,
@@ -28,6 +31,8 @@ goes) and returns the part it created or changed.
 
 import json
 from typing import TYPE_CHECKING, Any
+
+from .events import RESUME_STATUS
 
 if TYPE_CHECKING:  # the fold itself needs no database
     from .store import Record
@@ -90,7 +95,12 @@ class Fold:
             self.parts.append(part)
             return part
         if event_type == "status":
-            self.statuses.append(data.get("message", ""))
+            message = data.get("message", "")
+            self.statuses.append(message)
+            if message.startswith(RESUME_STATUS):
+                part = {"kind": "resume", "text": message}
+                self.parts.append(part)
+                return part
         elif event_type == "usage":
             self.usage = usage_sum(self.usage, data)
         elif event_type == "error":

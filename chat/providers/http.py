@@ -64,7 +64,11 @@ class HTTPProvider:
     is rebuilt if used from another event loop, whose sockets it cannot share.
     ``backoff_base`` is the first retry delay (1 s in production; tests make
     it small); a ``Retry-After`` header replaces the computed delay, and both
-    are capped at ``backoff_cap``. An API is ``path``, ``_headers``, ``_body``
+    are capped at ``backoff_cap``. ``max_http_retries`` and ``retry_budget_s``
+    (all the waits of one request's retries together) are per provider: behind
+    a proxy that retries itself, fewer retries keep a refusal quick. A wait
+    the budget cannot cover fails the request at once, saying how long the
+    server asked to wait. An API is ``path``, ``_headers``, ``_body``
     and ``_items`` (which reads :meth:`sse_events`): ``chat/providers/openai.py``,
     ``chat/providers/anthropic.py``, ``chat/providers/responses.py``.
     """
@@ -82,6 +86,7 @@ class HTTPProvider:
         max_http_retries: int = 3,
         backoff_base: float = 1.0,
         backoff_cap: float = 60.0,
+        retry_budget_s: float = 60.0,
         max_connections: int = 512,
     ) -> None:
         self.name = name
@@ -92,6 +97,7 @@ class HTTPProvider:
         self.max_http_retries = max_http_retries
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
+        self.retry_budget_s = retry_budget_s
         self.max_connections = max_connections
         self.active_requests = 0
         self.requests_started = 0
@@ -233,7 +239,7 @@ class HTTPProvider:
         """
         client = self._client()
         url = url or f"{self.base_url}{self.path}"
-        attempt = 0
+        attempt, waited = 0, 0.0
         while True:
             if body is not None:
                 self.requests_started += 1
@@ -259,6 +265,9 @@ class HTTPProvider:
                 raise error
             delay = self._backoff(attempt) if retry_after is None else retry_after
             delay = min(delay, self.backoff_cap)
+            if waited + delay > self.retry_budget_s:
+                raise _over_budget(error, retry_after, self.retry_budget_s)
+            waited += delay
             attempt += 1
             self.http_retries += 1
             stats.http_retries += 1
@@ -421,6 +430,19 @@ class SSEDecoder:
             elif name == "event":
                 self._event = value
         return events
+
+
+def _over_budget(
+    error: ProviderError, retry_after: float | None, budget: float
+) -> ProviderError:
+    """``error``, saying that waiting for another try was over the budget."""
+    wait = f"asked to wait {retry_after:g} s" if retry_after is not None else "busy"
+    return ProviderError(
+        error.category,
+        f"{error.message} (the server {wait}, past the {budget:g} s retry budget)",
+        retryable=True,
+        status_code=error.status_code,
+    )
 
 
 async def _check_event_stream(

@@ -41,9 +41,31 @@ from chat.providers.http import HTTPProvider, error_message
 
 
 class OpenAIProvider(HTTPProvider):
-    """A pooled client for one OpenAI-compatible endpoint (see HTTPProvider)."""
+    """A pooled client for one OpenAI-compatible endpoint (see HTTPProvider).
+
+    ``max_tokens`` caps each answer (None: the server's own limit, which for a
+    local server may be its whole context). ``continuation`` says how a
+    request that ends in a partial assistant message (a resume) asks for its
+    continuation: ``prefill`` sends it as it is, which servers that continue a
+    final assistant message continue; ``continue_final_message`` adds vLLM's
+    and SGLang's flags for it.
+    """
 
     path = "/chat/completions"
+
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        api_key: str | None,
+        *,
+        max_tokens: int | None = None,
+        continuation: str = "prefill",
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(name, base_url, api_key, **kwargs)
+        self.max_tokens = max_tokens
+        self.continuation = continuation
 
     async def list_models(self) -> list[str]:
         """Model ids from ``GET /models`` (one attempt; errors as ProviderError)."""
@@ -68,6 +90,11 @@ class OpenAIProvider(HTTPProvider):
         }
         if tools:
             body["tools"] = tools
+        if self.max_tokens:
+            body["max_tokens"] = self.max_tokens
+        if self.continuation == "continue_final_message" and _ends_in_partial(messages):
+            body["continue_final_message"] = True
+            body["add_generation_prompt"] = False
         return body
 
     async def _items(self, response: Any) -> AsyncGenerator[StreamItem, None]:
@@ -98,6 +125,12 @@ class OpenAIProvider(HTTPProvider):
                 if done
                 else "stream ended early",
             )
+
+
+def _ends_in_partial(messages: list[dict[str, Any]]) -> bool:
+    """Whether the request ends in an assistant's text (a resume's partial)."""
+    last = messages[-1] if messages else {}
+    return last.get("role") == "assistant" and not last.get("tool_calls")
 
 
 def _loads(data: str) -> Any:

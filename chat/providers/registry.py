@@ -93,6 +93,7 @@ def configs() -> dict[str, ProviderConfig]:
             hermes["OPENAI_BASE_URL"],
             "OPENAI_API_KEY",
             [m.strip() for m in models],
+            options={"continuation": hermes.get("CONTINUATION") or "prefill"},
         )
     for item in hermes["PROVIDERS"]:
         if provider_entry_problems(item):
@@ -395,16 +396,20 @@ def get_provider(name: str) -> Provider:
 
 def _build(config: ProviderConfig) -> OpenAIProvider:
     """The provider object of `config.kind` (checked by the `chat` system check)."""
-    common = {"idle_timeout": settings.HERMES["STREAM_IDLE_TIMEOUT_S"]}
-    if config.kind == "anthropic":
+    hermes = settings.HERMES
+    options = dict(config.options)
+    common = {
+        "idle_timeout": hermes["STREAM_IDLE_TIMEOUT_S"],
+        "max_http_retries": options.pop("http_retries", hermes["HTTP_RETRIES"]),
+        "retry_budget_s": options.pop("retry_budget_s", hermes["RETRY_BUDGET_S"]),
+    }
+    if config.kind == "anthropic":  # the API requires a limit; it has its own
         return AnthropicProvider(
-            config.name, config.base_url, config.api_key, **common, **config.options
+            config.name, config.base_url, config.api_key, **common, **options
         )
-    if config.kind == "responses":
-        return ResponsesProvider(
-            config.name, config.base_url, config.api_key, **common, **config.options
-        )
-    return OpenAIProvider(config.name, config.base_url, config.api_key, **common)
+    options.setdefault("max_tokens", hermes["MAX_OUTPUT_TOKENS"] or None)
+    cls = ResponsesProvider if config.kind == "responses" else OpenAIProvider
+    return cls(config.name, config.base_url, config.api_key, **common, **options)
 
 
 def built() -> dict[str, object]:

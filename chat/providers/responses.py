@@ -106,6 +106,8 @@ class ResponsesProvider(OpenAIProvider):
             body["tools"] = [to_tool(t) for t in tools]
         if self.reasoning_summary:
             body["reasoning"] = {"summary": self.reasoning_summary}
+        if self.max_tokens:
+            body["max_output_tokens"] = self.max_tokens
         return body
 
     async def reattach(

@@ -82,7 +82,10 @@ def test_unknown_keys_and_repeated_names_warn(providers):
     "entry,expected",
     [
         ({**GOOD, "kind": "bogus"}, "'kind' must be one of"),
-        ({**GOOD, "max_tokens": 100}, "'max_tokens' applies to kind 'anthropic'"),
+        ({**GOOD, "thinking_budget": 100}, "'thinking_budget' applies to kind"),
+        ({**GOOD, "continuation": "glue"}, "'continuation' must be one of"),
+        ({**GOOD, "http_retries": -1}, "'http_retries' must be a whole number"),
+        ({**GOOD, "retry_budget_s": 0}, "'retry_budget_s' must be a positive"),
         ({**GOOD, "kind": "anthropic", "max_tokens": 0}, "must be a positive whole"),
         ({**GOOD, "kind": "anthropic", "thinking_budget": True}, "positive whole"),
         ({**GOOD, "kind": "responses", "reasoning_summary": "all"}, "must be one of"),

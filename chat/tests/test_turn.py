@@ -177,8 +177,11 @@ def test_body_cut_after_content_every_time(fake):
     assert result.outcome == "failed" and result.error.category == "network"
     assert "payload is not completed" in result.error.message
     assert result.usage is None and result.tool_calls == []
+    # Each resume request ends in one assistant message holding everything
+    # shown so far (roles alternate; a server may continue it).
     for k, request in enumerate(fake.requests):
-        fragments_sent = [{"role": "assistant", "content": f} for f in fragments[:k]]
+        shown = "".join(fragments[:k])
+        fragments_sent = [{"role": "assistant", "content": shown}] if k else []
         assert request.messages == MESSAGES + fragments_sent
     assert result.diagnostics["stream_resumes"] == 3
     assert result.diagnostics["model_requests_started"] == 4
@@ -327,3 +330,14 @@ def test_usage_merges_by_max_within_and_sums_across_streams():
     )
     assert total == {"prompt_tokens": 12, "completion_tokens": 9, "details": {"c": 1}}
     assert _sum_usage(None, None) is None
+
+
+def test_tokens_per_second_is_the_pace_and_none_for_a_burst(fake):
+    fake.push(Reply(text="x" * 400, chunk_chars=1))  # 400 frames at once
+    result, _ = turn(fake)
+    assert result.outcome == "completed"
+    assert result.diagnostics["tokens_per_s"] is None  # it read 72,707.9
+    fake.push(Reply(text="x" * 20, chunk_chars=1, tokens_per_s=40))
+    result, _ = turn(fake)
+    # 19 intervals at 40 frames/s take ~0.475 s; a busy machine only slows it.
+    assert 0 < result.diagnostics["tokens_per_s"] <= 41

@@ -60,6 +60,7 @@ def _history_contents(request):
 def test_cut_stream_every_time_fails_then_next_turn_sends_each_fragment_once(
     server, alice, fake_llm, live_worker
 ):
+    fake_llm.strict_roles = True  # a chat template that needs alternating roles
     fake_llm.push(*[Reply(text=LONG, cut_after_chars=40) for _ in range(4)])
     session_id = new_session(server, alice[1])
     run_id = start_run(server, alice[1], session_id, "first question")
@@ -100,12 +101,18 @@ def test_cut_stream_every_time_fails_then_next_turn_sends_each_fragment_once(
         text_of(events) == "Second answer." and events[-1][2]["status"] == "completed"
     )
     assert fake_llm.post_count == 5
+    # Each fragment once, in order, as one assistant message: the roles
+    # alternate, as chat templates that require it need.
     sent = _history_contents(fake_llm.requests[-1])
     assert sent == [
         ("user", "first question"),
-        *[("assistant", f) for f in fragments],
+        ("assistant", "".join(fragments)),
         ("user", "second question"),
     ]
+    # And each resume request ended in one assistant message holding all that
+    # was shown so far.
+    resumes = [_history_contents(r)[1:] for r in fake_llm.requests[1:4]]
+    assert resumes == [[("assistant", "".join(fragments[:n]))] for n in (1, 2, 3)]
     assert Turn.objects.get(run_id=second).usage["total_tokens"] == 53
     wait_until(lambda: live_worker.active_provider_requests == 0)
 
@@ -261,3 +268,19 @@ def test_models_come_from_settings_and_v1_models_across_providers(
     assert Turn.objects.get(run_id=run_id).provider == "second"
     assert fake_llm.requests[-1].body["model"] == "other-model"
     registry.reset()
+
+
+def test_a_question_after_a_run_that_failed_without_text_keeps_roles_alternating(
+    server, alice, fake_llm, live_worker
+):
+    fake_llm.strict_roles = True  # a chat template that needs alternating roles
+    fake_llm.push(Reply(status=401), Reply(text="Answered."))
+    session_id = new_session(server, alice[1])
+    first = start_run(server, alice[1], session_id, "first question")
+    assert stream(server, alice[1], first)[-1][2]["status"] == "failed"
+    second = start_run(server, alice[1], session_id, "second question")
+    events = stream(server, alice[1], second)
+    assert text_of(events) == "Answered.", events[-1]
+    assert _history_contents(fake_llm.requests[-1]) == [
+        ("user", "first question\n\nsecond question")
+    ]

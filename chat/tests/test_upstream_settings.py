@@ -1,0 +1,104 @@
+"""What each provider is sent and how long it is retried, from the settings:
+an output limit on every request, the continuation flags of a resume, and
+rule 1's retries per provider with their budget (docs/providers.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+from chat.providers import registry
+from chat.providers.base import ProviderError
+from hermes_testing.api import new_session, start_run, stream, text_of
+from hermes_testing.fake_llm import FakeLLM, Reply
+from journal.models import Run
+
+MESSAGES = [{"role": "user", "content": "hi"}]
+
+
+def _providers(settings, fake: FakeLLM, **entry) -> None:
+    local = {"name": "local", "base_url": fake.base_url, "models": ["m"], **entry}
+    settings.HERMES = {**settings.HERMES, "PROVIDERS": [local]}
+    registry.reset()
+
+
+async def _drain(provider, messages=MESSAGES) -> ProviderError | None:
+    try:
+        async with contextlib.aclosing(provider.stream("m", messages)) as items:
+            async for _ in items:
+                pass
+    except ProviderError as error:
+        return error
+    finally:
+        await provider.aclose()
+    return None
+
+
+def test_every_request_carries_an_output_limit(settings):
+    with FakeLLM() as fake:
+        _providers(settings, fake)
+        assert asyncio.run(_drain(registry.get_provider("local"))) is None
+        assert fake.requests[0].body["max_tokens"] == 4096  # the default
+        settings.HERMES = {**settings.HERMES, "MAX_OUTPUT_TOKENS": 0}
+        _providers(settings, fake)
+        asyncio.run(_drain(registry.get_provider("local")))
+        assert "max_tokens" not in fake.requests[1].body  # none: the server's own
+        _providers(settings, fake, max_tokens=64)
+        asyncio.run(_drain(registry.get_provider("local")))
+        assert fake.requests[2].body["max_tokens"] == 64  # the provider's wins
+    registry.reset()
+
+
+def test_a_resume_asks_for_a_continuation_as_the_provider_is_set(settings):
+    partial = [*MESSAGES, {"role": "assistant", "content": "Once upon"}]
+    with FakeLLM() as fake:
+        _providers(settings, fake)
+        asyncio.run(_drain(registry.get_provider("local"), partial))
+        assert "continue_final_message" not in fake.requests[0].body  # prefill
+        assert fake.requests[0].messages[-1] == partial[-1]
+        _providers(settings, fake, continuation="continue_final_message")
+        asyncio.run(_drain(registry.get_provider("local"), partial))
+        body = fake.requests[1].body
+        assert body["continue_final_message"] is True
+        assert body["add_generation_prompt"] is False
+        asyncio.run(_drain(registry.get_provider("local")))  # not a resume
+        assert "continue_final_message" not in fake.requests[2].body
+    registry.reset()
+
+
+def test_retries_are_set_per_provider(settings):
+    with FakeLLM() as fake:
+        _providers(settings, fake, http_retries=0)
+        fake.push(Reply(status=429, retry_after=0), Reply(text="late"))
+        error = asyncio.run(_drain(registry.get_provider("local")))
+        assert error is not None and error.category == "rate_limit"
+        assert fake.post_count == 1  # no retry of ours on top of a proxy's
+    registry.reset()
+
+
+def test_a_retry_after_past_the_budget_fails_at_once_and_says_why(settings):
+    with FakeLLM() as fake:
+        _providers(settings, fake, retry_budget_s=5)
+        fake.push(Reply(status=429, retry_after=30))
+        began = time.monotonic()
+        error = asyncio.run(_drain(registry.get_provider("local")))
+        assert time.monotonic() - began < 20  # never waited the 30 s asked
+        assert error is not None and error.category == "rate_limit"
+        assert "asked to wait 30 s" in error.message
+        assert "5 s retry budget" in error.message
+        assert fake.post_count == 1
+    registry.reset()
+
+
+def test_an_answer_cut_at_its_output_limit_says_so(
+    server, alice, fake_llm, live_worker
+):
+    fake_llm.push(Reply(text="A long answer that went on and", finish_reason="length"))
+    session_id = new_session(server, alice[1])
+    run_id = start_run(server, alice[1], session_id, "tell me everything")
+    events = stream(server, alice[1], run_id)
+    assert text_of(events) == "A long answer that went on and"
+    assert events[-1][2]["status"] == "completed"
+    assert events[-1][2]["terminal_state"] == "output-limit"
+    assert Run.objects.get(id=run_id).terminal_state == "output-limit"
