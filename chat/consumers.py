@@ -3,6 +3,11 @@
 Same cursor rules and reading core as the SSE view; frames are JSON
 `{id, seq, event, data}`. The replay runs in a task so the consumer keeps
 handling the client (and its disconnect) meanwhile.
+
+While the database is away a handshake is accepted and closed with 1013 (try
+again later), the SSE view's 503, and the outage is logged once per process
+(journal.outages): whether the consumer's own read failed or Channels'
+session and auth middleware did before it (`outage_guarded`).
 """
 
 import asyncio
@@ -13,6 +18,7 @@ from channels.generic.websocket import AsyncWebsocketConsumer
 
 from hermes_site.backpressure import (
     CLOSE_TOO_SLOW,
+    _daphne_protocol_of,
     let_websocket_close_after_flush,
     too_slow_reason,
     transport_of,
@@ -41,6 +47,56 @@ CLOSE_GONE = 4410
 CLOSE_TRY_AGAIN = 1013  # the database is unavailable: reconnect shortly
 # Outcomes that end the socket before any frame (the SSE view's 410 and 204).
 CLOSE_FOR = {Verdict.GONE: CLOSE_GONE, Verdict.DONE: 1000}
+
+
+async def close_try_again(send) -> None:
+    """Close an accepted socket with 1013 (RFC 6455: try again later).
+
+    autobahn, under daphne, refuses to send any code but 1000 and 3000-4999
+    (an exception, which daphne answers with 1011 and an ERROR with a
+    traceback); its frame-level close sends the registered code as it is.
+    """
+    protocol = _daphne_protocol_of(send)
+    if protocol is not None and hasattr(protocol, "sendCloseFrame"):
+        protocol.sendCloseFrame(code=CLOSE_TRY_AGAIN, isReply=False)
+    else:
+        await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN})
+
+
+CONNECTING = 1  # autobahn's WebSocketProtocol.STATE_CONNECTING
+
+
+def outage_guarded(application):
+    """Wrap the WebSocket stack: a database outage met before the consumer
+    (Channels' session and auth middleware read the session and the user)
+    is answered as the consumer answers one, 1013 after accept, and logged
+    once per outage instead of an ERROR with a traceback per handshake."""
+
+    async def guarded(scope, receive, send):
+        try:
+            return await application(scope, receive, send)
+        except DATABASE_ERRORS as exc:
+            protocol = _daphne_protocol_of(send)
+            handshaking = protocol is None or protocol.state == CONNECTING
+            if not dbpool.is_connection_error(exc) or not handshaking:
+                raise
+            outage(DATABASE).failed("websocket connect", exc)
+        message = await receive()  # the handshake, not read by anyone yet
+        if message.get("type") != "websocket.connect":
+            return
+        await send({"type": "websocket.accept"})
+        await close_try_again(send)
+        try:  # the client's close answers ours
+            async with asyncio.timeout(GUARD_CLOSE_WAIT_S):
+                while (await receive()).get("type") != "websocket.disconnect":
+                    pass
+        except TimeoutError:
+            pass
+
+    return guarded
+
+
+GUARD_CLOSE_WAIT_S = 10.0
 
 
 def _authorize(scope, run_id: str):
@@ -76,7 +132,10 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         # client why, as the SSE view's status does.
         await self.accept()
         if run is None:
-            await self.close(code=code)
+            if code == CLOSE_TRY_AGAIN:
+                await close_try_again(self.base_send)
+            else:
+                await self.close(code=code)
             return
         headers = dict(self.scope.get("headers", ()))
         last_event_id = headers.get(b"last-event-id", b"").decode("latin-1") or None

@@ -93,6 +93,10 @@ def origin_allowed(scope) -> bool:
 def origin_checked(application):
     """Wrap a WebSocket application: a foreign Origin is refused (HTTP 403)."""
 
+    from .consumers import outage_guarded  # the stack's database outages: 1013
+
+    application = outage_guarded(application)
+
     async def checked(scope, receive, send):
         if origin_allowed(scope):
             return await application(scope, receive, send)

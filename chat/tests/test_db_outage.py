@@ -6,8 +6,10 @@ the database mid-stream. The journal is checked afterwards: dense, one `end`,
 the model's whole answer journaled and kept once.
 """
 
+import asyncio
 import json
 import os
+import socket
 import subprocess
 import sys
 import threading
@@ -15,10 +17,12 @@ import time
 
 import psycopg
 import pytest
+import websockets
 from django.conf import settings
+from websockets.typing import Origin
 
 from hermes_testing.fake_llm import FakeLLM, Reply
-from hermes_testing.harness import wait_until
+from hermes_testing.harness import daphne_args, spawn_logged, wait_until
 from hermes_testing.private_servers import PrivatePostgres
 
 pytestmark = pytest.mark.skipif(
@@ -273,3 +277,87 @@ def test_after_a_restart_no_process_reaps_a_lease_its_worker_could_not_renew(pg)
     first, settled, uptime = json.loads(out.strip().splitlines()[-1])
     assert (first, settled) == ([], [run_id])
     assert uptime >= lease_s  # reaped only once the database was up a lease
+
+
+WS_LOGINS = """
+from django.contrib.auth import (
+    BACKEND_SESSION_KEY, HASH_SESSION_KEY, SESSION_KEY, get_user_model,
+)
+from django.contrib.sessions.backends.db import SessionStore
+from rest_framework.authtoken.models import Token
+from chat.models import ChatSession
+from chat.services import run_start
+user = get_user_model().objects.create_user(username="ws", password="x" * 12)
+token = Token.objects.create(user=user)
+store = SessionStore()
+store[SESSION_KEY] = str(user.pk)
+store[BACKEND_SESSION_KEY] = "django.contrib.auth.backends.ModelBackend"
+store[HASH_SESSION_KEY] = user.get_session_auth_hash()
+store.create()
+run, _ = run_start(session=ChatSession.objects.create(owner=user), content="go",
+                   model="fake-model", provider="openai")
+print(token.key, store.session_key, run.id)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def ws_close_code(
+    url: str, origin: str, headers: dict, open_s: float = 20
+) -> int | None:
+    """The close code the server sent, or None if it kept following the run
+    for `open_s` seconds."""
+
+    async def closed_with() -> int | None:
+        async with websockets.connect(
+            url, additional_headers=headers, origin=Origin(origin), open_timeout=20
+        ) as ws:
+            try:
+                while True:
+                    await asyncio.wait_for(ws.recv(), open_s)
+            except TimeoutError:
+                return None  # open, following the run
+            except websockets.ConnectionClosed as closed:
+                return closed.rcvd.code if closed.rcvd else None
+
+    return asyncio.run(closed_with())
+
+
+def test_under_daphne_a_websocket_meets_the_outage_with_1013_logged_once(pg, tmp_path):
+    """Daphne's own WebSocket handling, not the test server's: a reader's
+    reconnect during an outage is told 1013 (try again later), whether it
+    signs in with a token or a session cookie (read by Channels' middleware
+    before the consumer), and the outage is one warning line, not an ERROR
+    with a traceback per attempt."""
+    token, session_key, run_id = (
+        manage(pg, "shell", "-c", WS_LOGINS).strip().splitlines()[-1].split()
+    )
+    port = _free_port()
+    log_path = tmp_path / "daphne.log"
+    web = spawn_logged(
+        daphne_args(port), env_for(pg), log_path, "Listening on TCP address"
+    )
+    origin, url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/ws/runs/{run_id}/"
+    as_token = {"Authorization": f"Token {token}"}
+    as_cookie = {"Cookie": f"sessionid={session_key}"}
+    try:
+        assert ws_close_code(url, origin, as_token, 3) is None  # up: it follows
+        pg.stop()
+        codes = [
+            ws_close_code(url, origin, headers) for headers in (as_token, as_cookie) * 3
+        ]
+        pg.start()
+        assert codes == [1013] * 6
+        assert ws_close_code(url, origin, as_cookie, 3) is None  # back: it follows
+        wait_until(lambda: "database recovered" in log_path.read_text(), timeout=60)
+    finally:
+        web.terminate()
+        web.wait(30)
+    log = log_path.read_text()
+    assert "ERROR" not in log, log[-3000:]
+    assert log.count("database unavailable") == 1, log[-3000:]
+    assert log.count("Traceback") <= 2, log[-3000:]  # the one line's, chained
