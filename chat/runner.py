@@ -53,7 +53,7 @@ from .reattach import stream_to_reattach
 from .tool_steps import AwaitingApproval, answer_pending, run_tools, unless_stopped
 from .tree import run_leaf, run_path
 from .turn import CANCELLED_OUTCOME, COMPLETED, Reattach, run_turn
-from .writer import BatchWriter
+from .writer import BUFFER_MAX_CHARS, OVERFLOW, BatchWriter
 
 log = logging.getLogger(__name__)
 BACKOFF_MAX_S = 1.0  # a write that met an unreachable database is tried this often
@@ -709,6 +709,15 @@ def _closing_events(result, usage, stop_reason: str, budget: Budget, bound):
         status, error = Run.Status.COMPLETED, None
     elif result.outcome == CANCELLED_OUTCOME and stop_reason == "shutdown":
         status, state, error = Run.Status.INTERRUPTED, "worker-shutdown", None
+    elif result.outcome == CANCELLED_OUTCOME and stop_reason == OVERFLOW:
+        error = {
+            "category": "limit",
+            "message": "the model wrote faster than the journal could store it: "
+            f"more than {BUFFER_MAX_CHARS:,} characters waited to be written",
+            "retryable": True,
+        }
+        events.append(("error", error))
+        status, state = Run.Status.FAILED, "journal-backlog"
     elif result.outcome == CANCELLED_OUTCOME and stop_reason == "database":
         error = {
             "category": "database",

@@ -32,9 +32,12 @@ Faults, and what each costs:
   published); it did not move → append again; the token changed → the run was
   taken over and this writer writes nothing more. Nothing is written twice.
   A run whose events could not be written for `DB_OUTAGE_MAX_S`, or whose
-  buffer outgrew `BUFFER_MAX_CHARS`, is told so through `on_trouble("database")`;
-  the runner then stops the model and settles the run as `failed`, category
-  `database`, as soon as the database answers (chat.runner).
+  buffer outgrew `BUFFER_MAX_CHARS` during the outage, is told so through
+  `on_trouble("database")`; the runner then stops the model and settles the
+  run as `failed`, category `database`, as soon as the database answers
+  (chat.runner). A buffer that outgrows the bound while the database answers
+  (the model outran the journal's writes) is `on_trouble(OVERFLOW)`: the run
+  fails the same way, its error naming that cause (category `limit`).
 - **A run's events cannot be stored** (a wrong shape, or data the database
   refuses): that run alone fails (`EventsNotStored`, and `on_trouble("journal")`);
   if the shared transaction failed, each run of it is written on its own, so
@@ -69,6 +72,7 @@ COHORT_RUNS = 20  # from this many runs streaming, they tick in cohorts
 COHORTS = {"postgresql": 4, "sqlite": 2}
 MAX_BYTES = 2048  # commit early once a run has this much text waiting
 BACKOFF_MAX_S = 1.0  # retry an unreachable database at least this often
+OVERFLOW = "overflow"  # on_trouble: the model outran the journal, not an outage
 BUFFER_MAX_CHARS = 8 * 2**20  # per run, while its appends cannot land
 _TEXT = ("token", "reasoning")
 
@@ -133,7 +137,9 @@ class BatchWriter:
         for i in range(0, len(text), TEXT_EVENT_CHARS):
             self._pending.append([event_type, {"text": text[i : i + TEXT_EVENT_CHARS]}])
         if self.buffered_chars > BUFFER_MAX_CHARS:
-            self._trouble("database")
+            # In an outage the database is the cause; else the model outran
+            # the journal's writes (the runner names each in the run's error).
+            self._trouble("database" if self.stalled_since is not None else OVERFLOW)
 
     async def flush(self) -> None:
         """Wait until everything added so far is committed (and published).

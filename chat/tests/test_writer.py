@@ -13,6 +13,7 @@ from django.db import connection
 
 from chat import writer as writer_module
 from chat.writer import BatchWriter, EventsNotStored, tick_interval
+from hermes_testing.fake_llm import Reply
 from hermes_testing.harness import running_run
 from journal import dbpool
 from journal.events import MAX_EVENT_BYTES, InvalidEvent
@@ -291,8 +292,28 @@ def test_a_run_whose_buffer_outgrows_its_bound_is_told_once(alice, monkeypatch):
         assert writer.buffered_chars == 0
 
     asyncio.run(write())
-    assert troubles == ["database"]
+    # The database answers: the model outran the journal, not an outage.
+    assert troubles == [chat.writer.OVERFLOW]
     assert "".join(json.loads(p)["text"] for _, p in _rows(run)) == "x" * 200
+
+
+def test_a_run_that_outruns_the_journal_fails_naming_that_cause(
+    server, alice, fake_llm, live_worker, monkeypatch
+):
+    """Not "the database was out of reach" while it answers: the run's error
+    says the model wrote faster than the journal could store it."""
+    import chat.writer
+    from hermes_testing.api import new_session, start_run, stream
+
+    monkeypatch.setattr(chat.writer, "BUFFER_MAX_CHARS", 100)
+    fake_llm.push(Reply(text="y" * 20000, chunk_chars=50))  # all at once
+    run_id = start_run(server, alice[1], new_session(server, alice[1]), "flood")
+    events = stream(server, alice[1], run_id)
+    end = events[-1][2]
+    assert (end["status"], end["terminal_state"]) == ("failed", "journal-backlog")
+    assert end["error"]["category"] == "limit"
+    assert "faster than the journal" in end["error"]["message"]
+    assert "database" not in end["error"]["message"]
 
 
 @pytest.mark.parametrize("count", [2, 4])
