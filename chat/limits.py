@@ -9,7 +9,11 @@ body naming it: ``{"error": ..., "limit": ..., "retry_after": s}``.
   throttles, so requests without a user never get this far; login attempts
   have their own protection.)
 - ``runs_per_minute``: runs a user started in the last 60 s, counted in the
-  database, so every web process sees the same count.
+  database, so every web process sees the same count. The count that decides
+  is taken in the transaction that creates the run, after locking the
+  user's row (SQLite's ``IMMEDIATE`` transactions serialise writers), so
+  parallel requests cannot all pass it; a queued message (``chat.pending``)
+  starts its run only under the same count, and waits while it is full.
 - ``sessions``: sessions a user owns, counted in the database.
 - ``streams``: open SSE and WebSocket streams of a user, counted in this web
   process (a stream lives in one process; a count there needs no shared state
@@ -22,6 +26,7 @@ body naming it: ``{"error": ..., "limit": ..., "retry_after": s}``.
 
 from __future__ import annotations
 
+import contextvars
 import math
 import threading
 import weakref
@@ -30,6 +35,10 @@ from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
+from django.db import connection
+from django.db.models import Count
+from django.db.models.signals import pre_save
 from django.http import JsonResponse
 from django.utils import timezone
 from rest_framework.exceptions import Throttled
@@ -78,24 +87,106 @@ class UserRequestThrottle(UserRateThrottle):
         return _limit("USER_REQUEST_RATE")
 
 
+# The owner whose next run's creation counts it under the lock (see
+# `check_run_rate`); set in the request's own context, used once.
+_run_rate_armed: contextvars.ContextVar[int | None] = contextvars.ContextVar(
+    "hermes_run_rate_armed", default=None
+)
+
+
 def check_run_rate(*, user) -> None:
-    """Raise ``LimitExceeded`` if ``user`` started too many runs in the last minute."""
+    """Raise ``LimitExceeded`` if ``user`` started too many runs in the last
+    minute.
+
+    This early look refuses most requests over the limit before anything
+    else is read, but parallel requests may all pass it: it also arms the
+    count that decides, taken when this request's run is created, in the
+    transaction that creates it (`_count_run_at_creation`).
+    """
+    wait = run_rate_wait(user.pk)
+    if wait is not None:
+        raise _run_rate_exceeded(wait)
+    _run_rate_armed.set(user.pk)
+
+
+def run_rate_wait(owner_id: int) -> float | None:
+    """None if user `owner_id` may start a run now, else the seconds until
+    the oldest of their last `USER_RUNS_PER_MINUTE` runs leaves the window.
+
+    In a transaction, call `lock_run_rate` first: then the answer holds
+    until that transaction ends."""
     limit = _limit("USER_RUNS_PER_MINUTE")
     since = timezone.now() - timedelta(seconds=RUN_WINDOW_S)
-    recent = Run.objects.filter(owner=user, created_at__gte=since)
+    recent = Run.objects.filter(owner_id=owner_id, created_at__gte=since)
     started = list(
         recent.order_by("-created_at").values_list("created_at", flat=True)[:limit]
     )
     if len(started) < limit:
-        return
+        return None
     # The oldest of the last `limit` runs leaves the window first.
-    wait = (started[-1] - since).total_seconds()
-    raise LimitExceeded(
+    return max(0.0, (started[-1] - since).total_seconds())
+
+
+def lock_run_rate(owner_id: int) -> None:
+    """In a transaction: take user `owner_id`'s turn at starting runs, so
+    that a count (`run_rate_wait`) and the run it lets in commit before the
+    next start of theirs counts. On PostgreSQL the user's row is locked
+    (transactions of other users go on); on SQLite the write transaction
+    (`IMMEDIATE`) already serialises every writer."""
+    if connection.features.has_select_for_update and connection.in_atomic_block:
+        list(
+            get_user_model()
+            .objects.select_for_update()
+            .filter(pk=owner_id)
+            .values_list("pk", flat=True)
+        )
+
+
+def owners_at_run_rate():
+    """A subquery of the users at `USER_RUNS_PER_MINUTE` now (for
+    `chat.pending.deliver_stranded`, which passes their sessions over)."""
+    since = timezone.now() - timedelta(seconds=RUN_WINDOW_S)
+    return (
+        Run.objects.filter(created_at__gte=since)
+        .values("owner_id")
+        .annotate(started=Count("id"))
+        .filter(started__gte=_limit("USER_RUNS_PER_MINUTE"))
+        .values("owner_id")
+    )
+
+
+def _run_rate_exceeded(wait: float) -> LimitExceeded:
+    limit = _limit("USER_RUNS_PER_MINUTE")
+    return LimitExceeded(
         "runs_per_minute",
         f"you started {limit} runs in the last minute, the most allowed; "
-        f"retry in {math.ceil(wait)} s",
+        f"retry in {max(1, math.ceil(wait))} s",
         wait,
     )
+
+
+def _count_run_at_creation(sender, instance: Run, raw: bool = False, **kwargs) -> None:
+    """The count that decides a request's run (armed by `check_run_rate`):
+    taken as the run is inserted, in the transaction that inserts it
+    (`chat.services.run_start`'s), after the user's turn is taken. Over the
+    limit, ``LimitExceeded`` rolls that transaction back: no run, no
+    message, a 429. Runs the request did not arm (a worker's, a title's, a
+    test's) are not looked at."""
+    owner_id = _run_rate_armed.get()
+    if raw or owner_id is None or not instance._state.adding:
+        return
+    if instance.owner_id != owner_id:
+        return
+    _run_rate_armed.set(None)
+    lock_run_rate(owner_id)
+    wait = run_rate_wait(owner_id)
+    if wait is not None:
+        raise _run_rate_exceeded(wait)
+
+
+pre_save.connect(
+    _count_run_at_creation, sender=Run, dispatch_uid="chat.limits.run_rate"
+)
 
 
 def check_session_count(*, user) -> None:

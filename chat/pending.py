@@ -37,6 +37,7 @@ from journal.models import Run
 from journal.signals import run_settled
 from journal.store import AppendRejected, Record, append, read_after
 
+from . import limits
 from .models import ChatSession, Message, PendingMessage, Turn
 from .services import _announce_on_commit, run_start
 from .tree import run_leaf
@@ -185,6 +186,18 @@ def _start_oldest(session: ChatSession, *, model: str, provider: str) -> str | N
     busy = Run.objects.filter(turn__session=session, status__in=Run.ACTIVE).exists()
     if item is None or busy:
         return None
+    # Counted like a run the API starts (`runs_per_minute`), under the same
+    # lock: over the limit the message stays pending, shown and cancellable,
+    # and `deliver_stranded` starts it once the window has room.
+    limits.lock_run_rate(session.owner_id)
+    wait = limits.run_rate_wait(session.owner_id)
+    if wait is not None:
+        log.info(
+            "queued message waits for runs_per_minute session_id=%s retry_in=%.0fs",
+            session.pk,
+            wait,
+        )
+        return None
     run, _ = run_start(
         session=session,
         content=item.content,
@@ -213,6 +226,8 @@ def deliver_stranded(*, limit: int = 20) -> list[str]:
     sessions = list(
         PendingMessage.objects.filter(kind=QUEUE, state=PENDING, created_at__lt=cutoff)
         .exclude(session_id__in=busy)
+        # Users at `runs_per_minute` wait: their sessions would crowd others'.
+        .exclude(session__owner_id__in=limits.owners_at_run_rate())
         .values_list("session_id", flat=True)
         .distinct()[:limit]
     )

@@ -4,15 +4,18 @@ limit, WebSocket close 4429, and the fair claim with a real worker (chat.limits)
 import asyncio
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 
 import httpx
 import pytest
 import websockets
+from django.utils import timezone
 
 from chat import limits
-from chat.models import ChatSession
+from chat.models import ChatSession, Message, PendingMessage
 from chat.services import run_cancel, run_start, session_create
-from hermes_testing.api import new_session, start_run, stream
+from hermes_testing.api import decide, new_session, start_run, stream, waiting_at_tool
 from hermes_testing.fake_llm import Reply
 from hermes_testing.harness import wait_until
 from hermes_testing.turns import running_turn
@@ -61,6 +64,97 @@ def test_runs_per_minute_frees_as_the_window_moves(server, alice, settings):
     # The run left the window (as a minute later): the next one is accepted.
     Run.objects.filter(owner=alice[0]).update(created_at="2000-01-01T00:00:00Z")
     assert httpx.post(url, json={"content": "x"}, headers=alice[1]).status_code == 201
+
+
+PARALLEL = 30
+
+
+def test_runs_per_minute_holds_under_parallel_requests(
+    server, alice, settings, monkeypatch
+):
+    """Thirty POSTs at once, each to a session of its own: the early look at
+    the count is held until every request has made it, so all of them look
+    before any run exists (as parallel requests do). Only the limit start."""
+    _limited(settings, USER_RUNS_PER_MINUTE=5)
+    sessions = [
+        ChatSession.objects.create(owner=alice[0], title=f"s{n}")
+        for n in range(PARALLEL)
+    ]
+    looked = []
+    lock, release = threading.Lock(), threading.Event()
+    early_look = limits.check_run_rate
+
+    def held_look(*, user):
+        try:
+            early_look(user=user)
+        finally:
+            with lock:
+                looked.append(user.pk)
+        release.wait(60)
+
+    monkeypatch.setattr(limits, "check_run_rate", held_look)
+
+    def post(session: ChatSession) -> httpx.Response:
+        return httpx.post(
+            f"{server.url}/api/sessions/{session.pk}/runs/",
+            json={"content": "at once"},
+            headers=alice[1],
+            timeout=90,
+        )
+
+    try:
+        with ThreadPoolExecutor(PARALLEL) as pool:
+            futures = [pool.submit(post, s) for s in sessions]
+            wait_until(lambda: len(looked) == PARALLEL, timeout=60)
+            release.set()
+            answers = [f.result(90) for f in futures]
+    finally:
+        release.set()
+    codes = sorted(a.status_code for a in answers)
+    assert codes == [201] * 5 + [429] * (PARALLEL - 5), codes
+    for refused in (a for a in answers if a.status_code == 429):
+        assert_refused(refused, "runs_per_minute")
+    assert Run.objects.filter(owner=alice[0]).count() == 5
+    # Nothing of a refused request was kept: no question without its run.
+    assert Message.objects.filter(session__owner=alice[0]).count() == 5
+
+
+def test_runs_started_by_queued_messages_count_and_wait_for_room(
+    server, alice, settings, fake_llm, live_worker, asking
+):
+    """Queued messages start their runs under `runs_per_minute` too: past it
+    a message stays pending (not a run) until the window has room, and then
+    the reaper starts it."""
+    _limited(settings, USER_RUNS_PER_MINUTE=3)
+    session_id, run_id = waiting_at_tool(server, alice[1], fake_llm, Reply(text="42."))
+    for n in range(4):
+        queued = httpx.post(
+            f"{server.url}/api/sessions/{session_id}/pending/",
+            json={"content": f"queued {n}"},
+            headers=alice[1],
+        )
+        assert queued.status_code == 201, queued.text
+    fake_llm.push(*(Reply(text=f"answer {n}.") for n in range(4)))
+    decided = decide(server, alice[1], run_id, decision="approve")
+    assert decided.status_code == 202, decided.text
+    runs = Run.objects.filter(owner=alice[0])
+    # A queued message starts in the transaction that ends the run before
+    # it: with no run active, every start that was going to happen has.
+    wait_until(
+        lambda: runs.count() >= 3 and not runs.filter(status__in=Run.ACTIVE).exists(),
+        timeout=60,
+    )
+    assert runs.count() == 3
+    waiting = PendingMessage.objects.filter(session_id=session_id, state="pending")
+    assert [p.content for p in waiting.order_by("id")] == ["queued 2", "queued 3"]
+    # A minute later (the runs leave the window; the messages are old
+    # enough for the reaper): the next one starts, by the worker's reaper.
+    first_three = set(runs.values_list("id", flat=True))
+    runs.update(created_at=timezone.now() - timedelta(seconds=61))
+    waiting.update(created_at=timezone.now() - timedelta(seconds=61))
+    started = PendingMessage.objects.filter(content="queued 2", state="started")
+    wait_until(started.exists, timeout=60)
+    assert started.get().delivered_run_id not in first_three
 
 
 def test_sessions_per_user(server, alice, bob, settings):
