@@ -481,7 +481,7 @@ class Checker:
                 "finish: length",
                 NOTE,
                 what,
-                "a cut-off by the output limit is not reported as length",
+                "an answer cut by HERMES_MAX_OUTPUT_TOKENS would read as complete",
             )
 
     async def stop(self) -> None:
@@ -581,12 +581,15 @@ class Checker:
             except (TimeoutError, aiohttp.ClientError) as exc:
                 listed["status"] = describe(exc)
             listed["took"] = time.monotonic() - began
+            listed["at"] = time.monotonic()
 
+        started = time.monotonic()
         seen, task = await self.stream(
             self.body(messages, STREAM_MAX_TOKENS),
             at_chars=LISTING_AFTER_CHARS,
             action=list_models,
         )
+        stream_end = started + seen.elapsed_s
         if task is not None:
             with contextlib.suppress(Exception):
                 async with asyncio.timeout(LISTING_TIMEOUT_S + 1):
@@ -602,10 +605,14 @@ class Checker:
                 "listing could be sent",
             )
             return
+        when = ""
+        if "at" in listed:
+            late = listed["at"] >= stream_end
+            when = " (after the answer ended)" if late else " (while it streamed)"
         what = (
             f"GET /models after {LISTING_AFTER_CHARS} chars: "
-            f"{listed.get('status', 'no answer')} in {secs(listed.get('took'))}; "
-            f"the answer: {len(seen.content)} chars, {seen.ending()}"
+            f"{listed.get('status', 'no answer')} in {secs(listed.get('took'))}"
+            f"{when}; the answer: {len(seen.content)} chars, {seen.ending()}"
         )
         if seen.finish:
             self.add("listing during a stream", OK, what)
@@ -621,6 +628,9 @@ class Checker:
             self.add("listing during a stream", FAIL, what)
 
     async def cut_and_resume(self) -> None:
+        """Both ways Hermes can ask for a continuation (``HERMES_CONTINUATION``):
+        the history ending in the partial (``prefill``), and the same with
+        vLLM's and SGLang's flags (``continue_final_message``)."""
         name = "cut and resume"
         question = [{"role": "user", "content": STORY}]
         whole, _ = await self.stream(self.body(question, STORY_MAX_TOKENS))
@@ -642,38 +652,40 @@ class Checker:
             return
         partial = cut.content
         history = [*question, {"role": "assistant", "content": partial}]
-        resumed, _ = await self.stream(self.body(history, RESUME_MAX_TOKENS))
-        if not resumed.ok_status:
-            self.add(
-                name,
-                FAIL,
-                f"a history ending in the partial answer was refused: "
-                f"{resumed.error or resumed.stream_error}",
-                "resume requests must not end with an assistant message",
+        styles: dict[str, str] = {}
+        seen_parts = []
+        for style, extra in CONTINUATION_STYLES.items():
+            resumed, _ = await self.stream(
+                self.body(history, RESUME_MAX_TOKENS, **extra)
             )
-            return
-        style = resume_style(whole.content, partial, resumed.content)
-        what = (
-            f"cut after {len(partial)} chars ({short(partial[-24:], 30)}); "
-            f"the request ending with it as the assistant's message got "
-            f"{short(resumed.content, 40)}: {style}"
+            if not resumed.ok_status:
+                styles[style] = "refused"
+                problem = resumed.error or resumed.stream_error
+                seen_parts.append(f"{style}: refused ({short(problem, 60)})")
+                continue
+            styles[style] = resume_style(whole.content, partial, resumed.content)
+            seen_parts.append(f"{style}: {short(resumed.content, 36)}, {styles[style]}")
+        what = f"cut after {len(partial)} chars ({short(partial[-24:], 30)}); " + (
+            "; ".join(seen_parts)
         )
         if not whole.content.startswith(partial):
-            what += " (the uncut answer differed: not deterministic)"
-        if style == CONTINUES:
+            what += " (the uncut answer differed: sampling is not deterministic)"
+        working = [style for style, found in styles.items() if found == CONTINUES]
+        if working:
             self.add(
                 name,
                 OK,
                 what,
-                "a final assistant message is continued (prefix continuation)",
+                f'HERMES_CONTINUATION={working[0]} (or "continuation" in the '
+                "provider's HERMES_PROVIDERS entry)",
             )
         else:
             self.add(
                 name,
                 NOTE,
                 what,
-                "a final assistant message is answered anew: a resume sent this "
-                "way glues two answers",
+                "no continuation: a resumed answer starts anew after the cut text "
+                "(the answer marks where it resumed; regenerate it)",
             )
 
     async def long_answer(self) -> None:
@@ -701,7 +713,7 @@ class Checker:
                 name,
                 FAIL,
                 f"refused: {seen.error or seen.stream_error}",
-                "the history must alternate user and assistant for this server",
+                "none: Hermes joins consecutive messages of one role",
             )
         elif seen.finish:
             self.add(
@@ -733,6 +745,14 @@ class Checker:
         )
 
 
+#: Each value of ``HERMES_CONTINUATION`` and what it adds to a resume's body.
+CONTINUATION_STYLES: dict[str, dict[str, Any]] = {
+    "prefill": {},
+    "continue_final_message": {
+        "continue_final_message": True,
+        "add_generation_prompt": False,
+    },
+}
 CONTINUES = "continues the partial"
 RESTARTS = "starts the same answer again"
 NEW = "starts a new answer"

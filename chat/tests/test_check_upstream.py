@@ -61,7 +61,8 @@ def script_conforming(fake: FakeLLM) -> threading.Event:
         Reply(text=STORY_TEXT[:20], finish_reason="length"),  # finish: length
         Reply(text=STORY_TEXT),  # cut and resume: the whole answer
         Reply(text=STORY_TEXT),  # … read in part
-        Reply(text=STORY_TEXT[cut:]),  # … continued where it was cut
+        Reply(text=STORY_TEXT[cut:]),  # … continued where it was cut (prefill)
+        Reply(text=STORY_TEXT[cut:]),  # … and with continue_final_message
     )
     hold = threading.Event()
     fake.route(
@@ -75,6 +76,7 @@ def script_conforming(fake: FakeLLM) -> threading.Event:
 
 
 def test_a_server_that_does_everything_hermes_wants(fake_llm):
+    cut = c.CUT_CHARS
     hold = script_conforming(fake_llm)
     release_when_listed(fake_llm, hold, 2)  # the first listing, then this one
 
@@ -104,9 +106,12 @@ def test_a_server_that_does_everything_hermes_wants(fake_llm):
     assert "finish_reason tool_calls" in rows["tools"][1]
     listing = rows["listing during a stream"][1]
     assert "GET /models after 8 chars: 200" in listing
+    assert "(while it streamed)" in listing
     assert f"the answer: {len(LONG_TEXT)} chars, finish_reason stop" in listing
-    assert c.CONTINUES in rows["cut and resume"][1]
-    assert "prefix continuation" in rows["cut and resume"][2]
+    _, seen, advice = rows["cut and resume"]
+    assert f"prefill: {c.short(STORY_TEXT[cut:], 36)}, {c.CONTINUES}" in seen
+    assert f"continue_final_message: {c.short(STORY_TEXT[cut:], 36)}" in seen
+    assert advice.startswith("HERMES_CONTINUATION=prefill ")
     assert f"{len(LONG_TEXT)} chars (34 tokens)" in rows["long answer"][1]
     # What each request carried.
     bodies = [r.body for r in fake_llm.requests]
@@ -120,11 +125,15 @@ def test_a_server_that_does_everything_hermes_wants(fake_llm):
         c.STORY_MAX_TOKENS,
         c.STORY_MAX_TOKENS,
     ]
-    resume = next(b for b in bodies if b["messages"][-1]["role"] == "assistant")
-    assert resume["messages"] == [
-        {"role": "user", "content": c.STORY},
-        {"role": "assistant", "content": STORY_TEXT[: c.CUT_CHARS]},
-    ]
+    prefill, flagged = [b for b in bodies if b["messages"][-1]["role"] == "assistant"]
+    for resume in (prefill, flagged):
+        assert resume["messages"] == [
+            {"role": "user", "content": c.STORY},
+            {"role": "assistant", "content": STORY_TEXT[: c.CUT_CHARS]},
+        ]
+    assert "continue_final_message" not in prefill
+    assert flagged["continue_final_message"] is True
+    assert flagged["add_generation_prompt"] is False
     (tools,) = [b for b in bodies if "tools" in b]
     assert tools["tools"] == [c.WEATHER_TOOL]
     roles = [[m["role"] for m in b["messages"]] for b in bodies[-2:]]
@@ -149,8 +158,13 @@ def test_the_stop_closes_the_stream_and_the_next_request_is_answered(fake_llm):
 def test_a_server_that_differs_says_what_to_set(fake_llm):
     fake_llm.route(c.GREETING, Reply(text="Hi there.", usage=None))
     fake_llm.route(c.STORY, Reply(text=STORY_TEXT))  # finish: stop, not length
-    # The cut and the resume: the resume starts the same answer again.
+    # The cut and the resume: the resume starts the same answer again, and
+    # vLLM's flags are refused.
     fake_llm.route(c.STORY, *[Reply(text=STORY_TEXT)] * 3)
+    fake_llm.route(
+        c.STORY,
+        Reply(status=400, error_body={"error": {"message": "unknown field"}}),
+    )
     fake_llm.route(
         c.WEATHER,
         Reply(status=400, error_body={"error": {"message": "tools are not supported"}}),
@@ -187,13 +201,32 @@ def test_a_server_that_differs_says_what_to_set(fake_llm):
     assert "no finish_reason, no [DONE], body cut" in seen
     result, seen, advice = rows["cut and resume"]
     assert result == "note"
-    assert c.RESTARTS in seen
-    assert "glues two answers" in advice
-    assert rows["two user messages"][:2] == (
+    assert f"prefill: {c.short(STORY_TEXT, 36)}, {c.RESTARTS}" in seen
+    assert 'continue_final_message: refused ("HTTP 400: unknown field")' in seen
+    assert advice.startswith("no continuation: a resumed answer starts anew")
+    assert rows["two user messages"] == (
         "fail",
         "refused: HTTP 400: Conversation roles must alternate",
+        "none: Hermes joins consecutive messages of one role",
     )
     assert rows["two assistant messages"][0] == "ok"
+
+
+def test_a_server_that_continues_only_with_the_flags(fake_llm):
+    cut = c.CUT_CHARS
+    fake_llm.route(
+        c.STORY,
+        Reply(text=STORY_TEXT),  # finish: length
+        Reply(text=STORY_TEXT),  # the whole answer
+        Reply(text=STORY_TEXT),  # read in part
+        Reply(text="Hello! How can I help you today?"),  # prefill: a new answer
+        Reply(text=STORY_TEXT[cut:]),  # continue_final_message: continued
+    )
+    rows = table(fake_llm.base_url)
+    result, seen, advice = rows["cut and resume"]
+    assert result == "ok"
+    assert f'prefill: "Hello! How can I help you today?", {c.NEW}' in seen
+    assert advice.startswith("HERMES_CONTINUATION=continue_final_message ")
 
 
 def test_the_resume_style_is_told_from_the_uncut_answer():
