@@ -218,15 +218,14 @@ def _text(number: int, name: str, value: Any, limit: int | None = None) -> str:
     return value
 
 
-def _api_error(number: int, exc: ValidationError) -> TransferError:
+def _api_error(number: int, exc: ValidationError, name: str = "") -> TransferError:
     """The API's refusal as an import's: the field and the API's words."""
     detail = exc.detail
     if isinstance(detail, dict):
         name, problems = next(iter(detail.items()))
-        problem = problems[0] if isinstance(problems, list) else problems
-        return TransferError(number, f"{name!r}: {problem}")
+        detail = problems
     problem = detail[0] if isinstance(detail, list) else detail
-    return TransferError(number, str(problem))
+    return TransferError(number, f"{name!r}: {problem}" if name else str(problem))
 
 
 def _session_fields(number: int, head: dict) -> dict:
@@ -392,7 +391,7 @@ def _message(number: int, obj: dict, index: int) -> _Line:
         try:
             RunCreateSerializer().validate_content(content)
         except ValidationError as exc:
-            raise _api_error(number, exc) from None
+            raise _api_error(number, exc, "content") from None
     fields: dict[str, Any] = {"role": role, "content": content}
     if "reasoning" in obj:
         fields["reasoning"] = _text(number, "reasoning", obj["reasoning"])
