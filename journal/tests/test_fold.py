@@ -62,15 +62,23 @@ def test_text_joins_and_empty_deltas_add_nothing():
     assert fold.text == "Hello, world.\n\n```py\nprint(1)\n```\n"
 
 
-def test_statuses_in_order_and_text_across_resumes_is_one_segment():
+def test_statuses_in_order_and_each_resume_marks_where_the_text_went_on():
     turn = fold_all(JOURNALS["cut-and-resume"])
-    assert turn["parts"] == [
-        {"kind": "text", "text": "Durable streams keep every word, always."}
-    ]
-    assert turn["statuses"] == [
+    statuses = [
         "Retry attempt: stream-resume 1/3; body cut",
         "Retry attempt: stream-resume 2/3; idle timeout",
     ]
+    texts = [p["text"] for p in turn["parts"] if p["kind"] == "text"]
+    assert "".join(texts) == "Durable streams keep every word, always."
+    assert [p["kind"] for p in turn["parts"]] == [
+        "text",
+        "resume",
+        "text",
+        "resume",
+        "text",
+    ]
+    assert [p["text"] for p in turn["parts"] if p["kind"] == "resume"] == statuses
+    assert turn["statuses"] == statuses
 
 
 def test_the_error_event_wins_over_the_ends_and_the_ends_is_kept_alone():

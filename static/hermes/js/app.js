@@ -271,6 +271,11 @@ $("composer").addEventListener("submit", (event) => {
   event.preventDefault();
   submit();
 });
+// An answer cut at its output limit offers Continue: the person's next
+// message asks the model to go on (a message of theirs, shown as such).
+document.addEventListener("hermes:continue", () => {
+  chat.send("Continue from where you stopped.");
+});
 input.addEventListener("keydown", (event) => {
   if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
     event.preventDefault();

@@ -5,9 +5,13 @@
  * the Python fold the same journals and compares the results.
  *
  * `parts` keep journal order (text and reasoning segments, tool cards completed
- * in place, `steer` parts: a person's message where it landed), `statuses` in order, `usage` added up, the last `error` (else the
+ * in place, `steer` parts: a person's message where it landed, `resume` parts
+ * where a cut answer was asked for again), `statuses` in order, `usage` added up, the last `error` (else the
  * `end`'s), `end`, the `start`'s model and the highest seq folded.
  */
+
+/** `journal.events.RESUME_STATUS`: a status that begins so is a resume. */
+export const RESUME_STATUS = "Retry attempt: stream-resume";
 
 function isNumber(value) {
   return typeof value === "number";
@@ -76,9 +80,15 @@ export class Fold {
         this.parts.push(part);
         return part;
       }
-      case "status":
-        this.statuses.push(data.message ?? "");
-        break;
+      case "status": {
+        const message = data.message ?? "";
+        this.statuses.push(message);
+        if (!message.startsWith(RESUME_STATUS)) break;
+        // The answer was cut and asked for again: mark where it went on.
+        const part = { kind: "resume", text: message };
+        this.parts.push(part);
+        return part;
+      }
       case "usage":
         this.usage = usageSum(this.usage, data);
         break;

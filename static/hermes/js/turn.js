@@ -15,9 +15,9 @@
  * or `textContent`.
  */
 import { api, urls } from "./api.js";
-import { Fold } from "./fold.js";
+import { Fold, RESUME_STATUS } from "./fold.js";
 import { renderMarkdown } from "./markdown.js";
-import { categoryText, outcomeText, statusText } from "./wording.js";
+import { categoryText, outcomeText, resumeText, statusText } from "./wording.js";
 
 const RENDER_INTERVAL_MS = 50; // re-render streaming Markdown at most this often
 const HIGHLIGHT_LIVE_CHARS = 20000; // above this, highlight code only when idle
@@ -93,6 +93,9 @@ export class TurnView {
       this.#schedule(drawn);
     } else if (part.kind === "reasoning" || part.kind === "steer") {
       drawn.body.textContent = part.text;
+    } else if (part.kind === "resume") {
+      drawn.root.textContent = resumeText(part.text);
+      drawn.root.title = part.text; // the journal's own words
     } else {
       this.#drawTool(part, drawn);
     }
@@ -102,6 +105,11 @@ export class TurnView {
     if (part.kind === "text") {
       const node = el("div", "md", "assistant-text");
       return { root: node, node, part };
+    }
+    if (part.kind === "resume") {
+      const mark = el("p", "resume-mark", "resume-mark");
+      mark.setAttribute("role", "note");
+      return { root: mark };
     }
     if (part.kind === "steer") {
       const box = el("div", "steer-part", "steer");
@@ -139,13 +147,15 @@ export class TurnView {
     const approval = part.approval || null;
     label.textContent = part.name;
     argsBox.textContent = prettyJson(part.args || "");
-    root.dataset.state = !done ? "running" : part.is_error ? "error" : "done";
+    const denied = done && approval !== null && approval.state === "deny";
+    root.dataset.state = !done ? "running" : denied ? "denied" : part.is_error ? "error" : "done";
     root.dataset.approval = approval ? approval.state : "";
-    this.#drawApproval(approval, approvalBox, done);
+    this.#drawApproval(approval, approvalBox, done, part.tool_call_id);
     if (approval && approval.state === "pending" && !done) {
       root.open = true; // the arguments are what a person decides on
       state.textContent = "waiting for approval";
     } else if (!done) state.textContent = "running…";
+    else if (denied) state.textContent = "denied";
     else if (part.is_error) state.textContent = "failed";
     else state.textContent = ms != null ? `done · ${Math.round(ms)} ms` : "done";
     resultBox.hidden = !done;
@@ -157,7 +167,7 @@ export class TurnView {
    * decision itself is drawn when its journaled `approval` event arrives.
    * A decided call: what was decided, and the note.
    */
-  #drawApproval(approval, box, done) {
+  #drawApproval(approval, box, done, callId) {
     box.hidden = !approval;
     if (!approval) return;
     if (approval.state !== "pending") {
@@ -181,7 +191,9 @@ export class TurnView {
       const button = el("button", kind, `approval-${decision}`);
       button.type = "button";
       button.textContent = text;
-      button.addEventListener("click", () => this.#decide(decision, note, buttons));
+      button.addEventListener("click", () =>
+        this.#decide(decision, note, buttons, callId),
+      );
       return button;
     });
     const message = el("p", "approval-error", "approval-error");
@@ -189,12 +201,13 @@ export class TurnView {
     box.replaceChildren(note, ...buttons, message);
   }
 
-  async #decide(decision, note, buttons) {
+  async #decide(decision, note, buttons, callId) {
     for (const button of buttons) button.disabled = true;
     try {
+      // The call this card shows: a decision never lands on another call.
       await api(urls.approval(this.runId), {
         method: "POST",
-        body: { decision, note: note.value },
+        body: { decision, note: note.value, tool_call_id: callId },
       });
     } catch (error) {
       // 409: decided elsewhere (another tab); its `approval` event redraws this.
@@ -241,7 +254,8 @@ export class TurnView {
   setMeta({ status, terminal_state: terminalState, model, usage, tokensPerS }) {
     this.root.dataset.status = status || "";
     const parts = [];
-    if (status && status !== "completed") {
+    const cutOff = terminalState === "output-limit";
+    if ((status && status !== "completed") || cutOff) {
       parts.push(["outcome", outcomeText(status, terminalState)]);
     }
     if (model) parts.push(["model", model]);
@@ -261,6 +275,19 @@ export class TurnView {
         return item;
       }),
     );
+    if (cutOff) this.meta.append(this.#continueButton());
+  }
+
+  /** Continue an answer cut at its output limit: the page sends "Continue". */
+  #continueButton() {
+    const button = el("button", "continue-answer", "continue-answer");
+    button.type = "button";
+    button.textContent = "Continue";
+    button.title = "Ask the model to go on from where the answer was cut off";
+    button.addEventListener("click", () => {
+      this.root.dispatchEvent(new CustomEvent("hermes:continue", { bubbles: true }));
+    });
+    return button;
   }
 
   /** Live-only `metering`: the current pace while the run streams. */
@@ -304,12 +331,20 @@ export class TurnView {
 /**
  * Draw the saved messages of one run (assistant texts, tool calls, tool
  * results, steers, in order) into `view`, through its fold like live events.
+ * `tools` (the run's part of the session's `tool_outcomes`) gives, by call id,
+ * what a tool message does not keep: whether the call failed (`is_error`) and
+ * a person's decision on it (`approval`: the journaled `{decision, note}`).
  */
-export function fillFromMessages(view, messages) {
+export function fillFromMessages(view, messages, tools = {}) {
+  let cut = false; // the last message was a partial kept when a stream was cut
   for (const message of messages) {
     if (message.role === "user" && message.steer) {
       view.apply("steer", { text: message.content });
     } else if (message.role === "assistant") {
+      // A partial followed by more of the run: the answer was asked for again
+      // there (the journal's stream-resume status, whose reason is not kept).
+      if (cut) view.apply("status", { message: RESUME_STATUS });
+      cut = message.complete === false && !(message.tool_calls || []).length;
       view.apply("reasoning", { text: message.reasoning });
       view.apply("token", { text: message.content });
       for (const call of message.tool_calls || []) {
@@ -320,11 +355,15 @@ export function fillFromMessages(view, messages) {
         });
       }
     } else if (message.role === "tool") {
+      const known = tools[message.tool_call_id] || {};
+      if (known.approval) {
+        view.apply("approval", { ...known.approval, tool_call_id: message.tool_call_id });
+      }
       view.apply("tool_complete", {
         tool_call_id: message.tool_call_id,
         name: "tool",
         result: message.content,
-        is_error: false,
+        is_error: Boolean(known.is_error),
       });
     }
   }

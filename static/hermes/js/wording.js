@@ -18,6 +18,7 @@ const TERMINAL_STATES = {
   "tool-call-limit": "Stopped: the answer reached its limit of tool calls",
   "token-limit": "Stopped: the answer used up its token budget",
   "time-limit": "Stopped: the answer reached its time limit",
+  "output-limit": "Cut off: the answer reached its output limit",
 };
 
 const STATUSES = {
@@ -56,6 +57,16 @@ export function statusText(message) {
   const [, attempt, limit, reason] = resume;
   const why = reason ? ` (${reason})` : "";
   return `The connection to the model dropped${why}; continuing the answer, attempt ${attempt} of ${limit}.`;
+}
+
+/** The mark drawn in an answer where a cut stream was asked for again. */
+export function resumeText(message) {
+  const resume = RESUME.exec(message || "");
+  const why = resume && resume[3] ? ` (${resume[3]})` : "";
+  return (
+    `The connection to the model dropped here${why} and the answer was asked ` +
+    "for again. If it starts over, use Regenerate."
+  );
 }
 
 /** The heading of a run's error, by its category. */
