@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint bench screenshots chromium
+.PHONY: run test lint bench screenshots chromium check-upstream
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -64,3 +64,10 @@ screenshots: $(DEV)
 
 bench: $(RUNTIME)
 	$(PY) bench/run_all.py
+
+# What an OpenAI-compatible server does in the cases Hermes depends on
+# (docs/providers.md): `make check-upstream URL=http://127.0.0.1:8080/v1`,
+# with ARGS="--model NAME --api-key-env VAR --format markdown" as needed.
+check-upstream: $(RUNTIME)
+	@test -n "$(URL)" || (echo "usage: make check-upstream URL=http://host:port/v1" && false)
+	$(PY) manage.py check_upstream $(URL) $(ARGS)
