@@ -127,6 +127,27 @@ def check_providers(app_configs=None, **kwargs) -> list[CheckMessage]:
     return messages
 
 
+@register()
+def check_base_urls(app_configs=None, **kwargs) -> list[CheckMessage]:
+    """A base URL that does not end in `/v1` is the commonest first-try
+    mistake: every chat then fails with HTTP 404 (docs/providers.md)."""
+    urls = [("OPENAI_BASE_URL", settings.HERMES.get("OPENAI_BASE_URL") or "")]
+    entries = settings.HERMES.get("PROVIDERS", [])
+    for index, item in enumerate(entries if isinstance(entries, list) else []):
+        if isinstance(item, dict) and isinstance(item.get("base_url"), str):
+            urls.append((f"HERMES_PROVIDERS[{index}] base_url", item["base_url"]))
+    return [
+        Warning(
+            f"{name} is {url!r}, which does not end in /v1.",
+            hint="OpenAI-compatible servers (llama.cpp, vLLM, Ollama, LiteLLM) "
+            "serve their API under /v1: e.g. http://127.0.0.1:8080/v1.",
+            id="hermes.W010",
+        )
+        for name, url in urls
+        if url and not url.rstrip("/").endswith("/v1")
+    ]
+
+
 MCP_KEYS = {
     "name",
     "command",

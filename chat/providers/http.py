@@ -30,6 +30,7 @@ import contextlib
 import email.utils
 import json
 import logging
+import os
 import random
 import time
 from collections.abc import AsyncGenerator
@@ -254,13 +255,20 @@ class HTTPProvider:
                     )
             except TimeoutError as exc:
                 error = ProviderError(TIMEOUT, describe(exc), retryable=True)
+            except aiohttp.ClientConnectorError as exc:
+                # aiohttp names the host, port and TLS context: the log keeps
+                # them, a person reads what to do.
+                logger.warning("%s: cannot connect: %s", self.name, describe(exc))
+                error = ProviderError(NETWORK, unreachable(exc), retryable=True)
             except aiohttp.ClientError as exc:
                 error = ProviderError(NETWORK, describe(exc), retryable=True)
             else:
                 if response.status == 200:
                     return await _check_event_stream(response)
                 retry_after = parse_retry_after(response.headers.get("Retry-After"))
-                error = status_error(response.status, await read_error(response))
+                error = status_error(
+                    response.status, await read_error(response), posted=body is not None
+                )
             if not error.retryable or attempt >= self.max_http_retries:
                 raise error
             delay = self._backoff(attempt) if retry_after is None else retry_after
@@ -481,6 +489,17 @@ def detail(data: bytes) -> str:
     return message or data[:500].decode("utf-8", "replace").strip()
 
 
+def first_line(message: str | None, limit: int = 200) -> str:
+    """An upstream error's first line, bounded: a proxy may send a whole
+    traceback, with its file paths, as the message; the log has the rest."""
+    if message and ("\n" in message.strip() or len(message) > limit):
+        logger.info("upstream error in full: %s", message[:ERROR_BODY_LIMIT])
+    line = (message or "").strip().splitlines()[0] if (message or "").strip() else ""
+    if len(line) > limit:
+        line = line[: limit - 1] + "…"
+    return line or "unknown"
+
+
 def error_message(payload: Any) -> str | None:
     if not isinstance(payload, dict):
         return None
@@ -490,8 +509,24 @@ def error_message(payload: Any) -> str | None:
     return str(error) if error else None
 
 
-def status_error(status: int, message_detail: str) -> ProviderError:
+def unreachable(exc: aiohttp.ClientConnectorError) -> str:
+    """A connection failure in a person's words: no host, port or TLS context."""
+    errno = exc.os_error.errno
+    why = os.strerror(errno) if errno else type(exc.os_error).__name__
+    return (
+        f"could not connect to the model's server ({why.lower()}): "
+        "is it running, and is its address in the settings right?"
+    )
+
+
+def status_error(
+    status: int, message_detail: str, *, posted: bool = False
+) -> ProviderError:
+    message_detail = first_line(message_detail) if message_detail else ""
     message = f"HTTP {status}: {message_detail}" if message_detail else f"HTTP {status}"
+    if status == 404 and posted:
+        # The commonest cause: a base URL without the `/v1` the API lives under.
+        message += " (is the model's base URL right? It usually ends in /v1)"
     if status in (401, 403):
         return ProviderError(AUTH, message, status_code=status)
     if status == 429:

@@ -37,7 +37,7 @@ from chat.providers.base import (
     ToolCallDelta,
     Usage,
 )
-from chat.providers.http import HTTPProvider, error_message
+from chat.providers.http import HTTPProvider, error_message, first_line
 
 
 class OpenAIProvider(HTTPProvider):
@@ -159,7 +159,7 @@ def _parse_chunk(data: str) -> Iterator[StreamItem]:
     if chunk.get("error"):
         raise ProviderError(
             PROVIDER,
-            f"model error mid-stream: {error_message(chunk) or 'unknown'}",
+            f"model error mid-stream: {first_line(error_message(chunk))}",
             retryable=True,
             during_stream=True,
             reason="provider error",

@@ -357,7 +357,16 @@ def default_model() -> str:
         return hermes["DEFAULT_MODEL"]
     choices = model_choices()
     non_demo = [c["id"] for c in choices if c["provider"] != "demo"]
-    return non_demo[0] if non_demo else DEMO_MODEL
+    # A model its server lists comes first: a name in the settings that the
+    # server does not serve would fail every chat that did not choose.
+    listed = {
+        model
+        for config in configs().values()
+        if config.base_url
+        for model in _listed_models(config)
+    }
+    served = [m for m in non_demo if m in listed]
+    return (served or non_demo or [DEMO_MODEL])[0]
 
 
 def provider_name_for(model: str) -> str:

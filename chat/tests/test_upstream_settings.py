@@ -102,3 +102,72 @@ def test_an_answer_cut_at_its_output_limit_says_so(
     assert events[-1][2]["status"] == "completed"
     assert events[-1][2]["terminal_state"] == "output-limit"
     assert Run.objects.get(id=run_id).terminal_state == "output-limit"
+
+
+def test_a_base_url_without_v1_is_named_at_startup_and_in_the_error(settings):
+    from chat.checks import check_base_urls
+
+    with FakeLLM() as fake:
+        bare = fake.base_url.removesuffix("/v1")
+        settings.HERMES = {**settings.HERMES, "OPENAI_BASE_URL": bare}
+        (warning,) = check_base_urls()
+        assert warning.id == "hermes.W010" and "does not end in /v1" in warning.msg
+        _providers(settings, fake)
+        settings.HERMES = {**settings.HERMES, "PROVIDERS": []}
+        provider = registry.get_provider("openai")
+        error = asyncio.run(_drain(provider))
+        assert error is not None and error.category == "invalid_request"
+        assert "HTTP 404" in error.message and "ends in /v1" in error.message
+    registry.reset()
+
+
+def test_a_server_that_is_down_is_named_without_its_address(settings):
+    import socket
+
+    with socket.socket() as sock:  # a port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    url = f"http://127.0.0.1:{port}/v1"
+    settings.HERMES = {
+        **settings.HERMES,
+        "PROVIDERS": [{"name": "local", "base_url": url, "http_retries": 0}],
+    }
+    registry.reset()
+    error = asyncio.run(_drain(registry.get_provider("local")))
+    assert error is not None and error.category == "network"
+    assert "could not connect to the model's server" in error.message
+    assert str(port) not in error.message and "ssl" not in error.message
+    registry.reset()
+
+
+def test_a_proxys_traceback_mid_stream_is_cut_to_its_first_line(settings):
+    trace = (
+        "litellm.APIError: upstream failed\n"
+        'Traceback (most recent call last):\n  File "/srv/proxy/router.py", line 9'
+    )
+    with FakeLLM() as fake:
+        _providers(settings, fake)
+        fake.push(Reply(status=500, error_body={"error": {"message": trace}}))
+        fake.push(Reply(status=500, error_body={"error": {"message": trace}}))
+        fake.push(Reply(status=500, error_body={"error": {"message": trace}}))
+        fake.push(Reply(status=500, error_body={"error": {"message": trace}}))
+        settings.HERMES = {**settings.HERMES}
+        provider = registry.get_provider("local")
+        provider.backoff_base = 0.01
+        error = asyncio.run(_drain(provider))
+        assert error is not None
+        assert error.message == "HTTP 500: litellm.APIError: upstream failed"
+    registry.reset()
+
+
+def test_the_default_model_is_one_the_server_lists(settings):
+    with FakeLLM(models=["served"]) as fake:
+        settings.HERMES = {
+            **settings.HERMES,
+            "OPENAI_BASE_URL": fake.base_url,
+            "DEFAULT_MODEL": "",
+            "MODELS": ["not-served", "served"],
+        }
+        registry.reset()
+        assert registry.default_model() == "served"
+    registry.reset()
