@@ -220,10 +220,9 @@ def _text(number: int, name: str, value: Any, limit: int | None = None) -> str:
 
 def _api_error(number: int, exc: ValidationError, name: str = "") -> TransferError:
     """The API's refusal as an import's: the field and the API's words."""
-    detail = exc.detail
+    detail: Any = exc.detail
     if isinstance(detail, dict):
-        name, problems = next(iter(detail.items()))
-        detail = problems
+        name, detail = next(iter(detail.items()))
     problem = detail[0] if isinstance(detail, list) else detail
     return TransferError(number, f"{name!r}: {problem}" if name else str(problem))
 

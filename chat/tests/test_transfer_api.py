@@ -4,6 +4,7 @@ ownership, size and content, all or nothing."""
 
 import io
 import json
+import warnings
 
 import pytest
 from django.core.management import call_command
@@ -19,7 +20,9 @@ def content(response) -> bytes:
     """A streamed export's body (the test client reads it through Django's
     sync fallback; daphne streams it)."""
     assert response.streaming
-    return b"".join(response)
+    with warnings.catch_warnings():  # Django's note that it reads it whole
+        warnings.simplefilter("ignore")
+        return b"".join(response)
 
 
 def export_url(session, kind: str = "json") -> str:
@@ -124,3 +127,39 @@ def test_export_and_import_need_login(rich_session):  # noqa: F811
     response = client.post("/api/sessions/import/", data=b"{}", content_type=NDJSON)
     assert response.status_code in (401, 403)
     assert ChatSession.objects.count() == 1
+
+
+def test_the_server_streams_a_long_export_and_takes_it_back(server, alice):
+    """Through the ASGI server: the export is sent in pieces as it is read
+    (no Content-Length, several body messages), is the command's file, and
+    imports as a copy."""
+    import httpx
+
+    session = ChatSession.objects.create(owner=alice[0], title="long", model="demo")
+    Message.objects.bulk_create(
+        Message(session=session, role=("user", "assistant")[i % 2], content=f"m{i}")
+        for i in range(1200)
+    )
+    pieces = []
+    with httpx.stream(
+        "GET", f"{server.url}{export_url(session)}", headers=alice[1], timeout=60
+    ) as response:
+        assert response.status_code == 200
+        assert "content-length" not in response.headers
+        pieces = list(response.iter_raw())
+    assert len(pieces) > 1
+    exported = b"".join(pieces)
+    command = io.StringIO()
+    call_command("export_session", str(session.pk), stdout=command)
+    assert exported.decode() == command.getvalue()
+
+    imported = httpx.post(
+        f"{server.url}/api/sessions/import/",
+        content=exported,
+        headers={**alice[1], "Content-Type": NDJSON},
+        timeout=60,
+    )
+    assert imported.status_code == 201, imported.text
+    assert imported.json()["messages"] == 1200
+    copy = ChatSession.objects.get(pk=imported.json()["session"]["id"])
+    assert transcript(copy) == transcript(session)
