@@ -4,11 +4,23 @@ See docs/architecture.md §5.
 A reloaded page draws its parts in journal order (text, reasoning and tool
 cards as they streamed), then attaches after `last_seq`. It is bounded
 whatever the model did, and reading it changes nothing.
+
+Beside it, `tool_outcomes`: how the tool calls of the session's active branch
+ended where the saved messages cannot say (a tool message keeps the result's
+text only), so that a page drawing finished answers from their messages
+shows a failed call as failed and a denied one as denied, as it did live.
 """
 
+import json
+
+from django.db.models import Q
+
 from journal.fold import Fold, Part
-from journal.models import Run
+from journal.models import Event, Run
 from journal.store import READ_PAGE, read_after
+
+from .models import Message
+from .tree import Tree
 
 MAX_ITEMS = 64  # parts (text, reasoning, tool cards) and status lines kept
 MAX_FIELD = 8 * 1024  # per tool argument or result string
@@ -91,11 +103,68 @@ def run_snapshot(run: Run) -> dict:
     }
 
 
+MAX_TOOL_OUTCOMES = 1000  # calls listed; the newest runs' first
+
+
+def tool_outcomes(session) -> dict[str, dict[str, dict]]:
+    """`{run_id: {tool_call_id: {"is_error": true, "approval": {"decision",
+    "note"}}}}` for the calls of the session's active branch that failed or
+    that a person decided on, from their runs' journals (`tool_complete`,
+    `approval`); calls that simply ran are left out. A run whose journal was
+    pruned has none."""
+    path = set(Tree.of_session(session.pk).active_path())
+    tool_messages = Message.objects.filter(
+        session=session, role=Message.Role.TOOL, run__isnull=False
+    ).values_list("pk", "run_id")
+    runs = {run_id for pk, run_id in tool_messages if pk in path}
+    if not runs:
+        return {}
+    # Payloads are compact JSON (`journal.store`): a failed call's holds
+    # `"is_error":true` as written, never inside a string (quotes are escaped
+    # there); each match is parsed to be sure.
+    rows = (
+        Event.objects.filter(run_id__in=runs)
+        .filter(
+            Q(type="approval")
+            | Q(type="tool_complete", payload__contains='"is_error":true')
+        )
+        .order_by("-run_id", "seq")
+        .values_list("run_id", "type", "payload")
+    )
+    outcomes: dict[str, dict[str, dict]] = {}
+    listed = 0
+    for run_id, kind, payload in rows.iterator(chunk_size=500):
+        data = json.loads(payload)
+        call_id = data.get("tool_call_id")
+        if not isinstance(call_id, str):
+            continue
+        if kind == "tool_complete" and data.get("is_error") is not True:
+            continue
+        calls = outcomes.setdefault(run_id, {})
+        if call_id not in calls:
+            if listed >= MAX_TOOL_OUTCOMES:
+                break
+            listed += 1
+        call = calls.setdefault(call_id, {})
+        if kind == "tool_complete":
+            call["is_error"] = True
+        else:
+            call["approval"] = {
+                "decision": data.get("decision", ""),
+                "note": _clip(str(data.get("note") or "")),
+            }
+    return outcomes
+
+
 def session_live(session) -> dict:
-    """`active_run` (a snapshot) for a session with a queued or running run."""
+    """`active_run` (a snapshot) for a session with a queued or running run,
+    and `tool_outcomes` of its active branch."""
     run = (
         Run.objects.filter(turn__session=session, status__in=Run.ACTIVE)
         .order_by("-created_at")
         .first()
     )
-    return {"active_run": run_snapshot(run) if run else None}
+    return {
+        "active_run": run_snapshot(run) if run else None,
+        "tool_outcomes": tool_outcomes(session),
+    }

@@ -78,7 +78,11 @@ export class ChatController {
     this.ui.onSession(session);
     const active = session.active_run;
     this.#drawPending(session.pending_messages || []);
-    this.conversation.renderHistory(messages, { liveRunId: active ? active.run_id : null });
+    this.conversation.renderHistory(messages, {
+      liveRunId: active ? active.run_id : null,
+      outcomes: this.outcomes,
+      tools: session.tool_outcomes || {},
+    });
     this.#showKnownOutcomes();
     if (active) {
       this.ui.onRunStarted(session.id, active.run_id);
@@ -451,15 +455,20 @@ export class ChatController {
     const generation = this.generation;
     try {
       const messages = await this.#allMessages(live.sessionId);
+      // Fetched after the messages: its tool outcomes cover every call they hold.
+      const session = await api(urls.session(live.sessionId));
       if (generation !== this.generation) return;
-      this.conversation.renderHistory(messages);
+      this.conversation.renderHistory(messages, {
+        outcomes: this.outcomes,
+        tools: session.tool_outcomes || {},
+      });
       // An answer that ended with no text has no message: its turn stays, to
       // show how it ended.
       if (!this.conversation.turns.has(live.runId)) this.conversation.addTurn(live.runId);
       this.#showKnownOutcomes();
       await this.#decorate(live.runId, generation);
       if (this.pendingSettle === live) this.pendingSettle = null;
-      await this.#followQueued(live.sessionId, live.runId, generation);
+      await this.#followQueued(session, live.runId, generation);
     } catch (error) {
       if (error.status === 0) {
         this.settleTimer = setTimeout(() => this.#settle(), SETTLE_RETRY_MS);
@@ -476,8 +485,8 @@ export class ChatController {
    * queued message (in the transaction of the end); follow it as a reload
    * would. Otherwise draw what is still pending.
    */
-  async #followQueued(sessionId, endedRunId, generation) {
-    const session = await api(urls.session(sessionId));
+  async #followQueued(session, endedRunId, generation) {
+    const sessionId = session.id;
     if (generation !== this.generation || this.currentId !== sessionId) return;
     // A newer run: still going (followed) or already ended (drawn, with its footer).
     const newer = session.active_run || session.last_run_id !== endedRunId;

@@ -48,17 +48,26 @@ export class Conversation {
    * Draw saved messages. Assistant and tool messages of `liveRunId` are left
    * out: the live turn shows them (partials the worker already saved are part
    * of its snapshot text, and drawing both would double them).
+   *
+   * `tools` (the session's `tool_outcomes`) says, by run and call, which tool
+   * calls failed and what a person decided, which saved messages cannot say.
+   * `outcomes` (run id -> status document) gives a question whose run ended
+   * before any text, and that a later question follows, a turn of its own:
+   * its error and a Retry (a new answer to that question), as the page showed
+   * when the run ended. The newest question's is the controller's.
    */
-  renderHistory(messages, { liveRunId = null } = {}) {
+  renderHistory(messages, { liveRunId = null, outcomes = new Map(), tools = {} } = {}) {
     this.clear();
     let group = null; // {runId, messages}
+    let question = null; // the last question, while nothing answers it
     const flush = () => {
       if (group && group.messages.length) {
         const view = this.addTurn(group.runId);
         view.root.dataset.messageIds = group.messages.map((m) => m.id).join(" ");
-        fillFromMessages(view, group.messages);
+        fillFromMessages(view, group.messages, tools[group.runId] || {});
         view.setStreaming(false);
         this.#addBranchControls(view.root, group.messages[0], "regenerate");
+        question = null;
       }
       group = null;
     };
@@ -73,12 +82,14 @@ export class Conversation {
         group.messages.push(message);
       } else if (message.role === "user") {
         flush();
+        if (question) this.#addUnanswered(question, outcomes.get(question.run));
         const article = this.addUser(message.content, message.run, message.attachments);
         article.dataset.messageId = String(message.id);
         // Beside the question, not in it: its text stays the user's words only.
         const bar = this.#addBranchControls(this.container, message, "edit");
         bar.classList.add("user-bar");
         bar.dataset.testid = "user-branch";
+        question = message;
       } else if (message.role === "assistant" || message.role === "tool") {
         if (message.run && message.run === liveRunId) continue;
         if (!group || group.runId !== message.run) {
@@ -91,6 +102,29 @@ export class Conversation {
     }
     flush();
     this.scrollToEnd(true);
+  }
+
+  /**
+   * The turn of a question whose run left no message: drawn when that run
+   * ended without completing (its outcome and error are added by the
+   * controller, from `status`), with Retry, which answers the question again.
+   */
+  #addUnanswered(question, status) {
+    if (!question.run || !status || !status.terminal) return;
+    if (!["failed", "interrupted", "cancelled"].includes(status.status)) return;
+    const view = this.addTurn(question.run);
+    view.setStreaming(false);
+    const bar = document.createElement("div");
+    bar.className = "branch-bar";
+    const retry = document.createElement("button");
+    retry.type = "button";
+    retry.className = "ghost branch-action regenerate turn-retry";
+    retry.dataset.testid = "turn-retry";
+    retry.dataset.target = String(question.id);
+    retry.title = "Answer this question again";
+    retry.textContent = "Retry";
+    bar.append(retry);
+    view.root.append(bar);
   }
 
   /** A user message: its words and the files sent with it (chips, thumbnails). */
