@@ -7,7 +7,9 @@ handling the client (and its disconnect) meanwhile.
 While the database is away a handshake is accepted and closed with 1013 (try
 again later), the SSE view's 503, and the outage is logged once per process
 (journal.outages): whether the consumer's own read failed or Channels'
-session and auth middleware did before it (`outage_guarded`).
+session and auth middleware did before it (`outage_guarded`). A socket already
+following a run stays open and gets `KEEPALIVE_FRAME` while the journal
+cannot be read.
 """
 
 import asyncio
@@ -15,6 +17,7 @@ import logging
 from urllib.parse import parse_qsl
 
 from channels.generic.websocket import AsyncWebsocketConsumer
+from django.conf import settings
 
 from hermes_site.backpressure import (
     CLOSE_TOO_SLOW,
@@ -45,6 +48,10 @@ CLOSE_UNAUTHORISED = 4401
 CLOSE_NOT_FOUND = 4404
 CLOSE_GONE = 4410
 CLOSE_TRY_AGAIN = 1013  # the database is unavailable: reconnect shortly
+# Sent every HERMES_SSE_KEEPALIVE_S of silence while the journal cannot be
+# read (the SSE view's keepalive comment): no id and no seq, for clients to
+# skip; a client that hears nothing for long knows the server is gone.
+KEEPALIVE_FRAME = '{"event": "keepalive"}'
 # Outcomes that end the socket before any frame (the SSE view's 410 and 204).
 CLOSE_FOR = {Verdict.GONE: CLOSE_GONE, Verdict.DONE: 1000}
 
@@ -165,9 +172,14 @@ class RunEventsConsumer(AsyncWebsocketConsumer):
         revoked: list[bool] = []  # ends the stream when the credential goes
         # Frames shared by every reader of the run's hub (wire.JSON_FRAMES).
         batches = subscribe_frames(
-            run_id, wire.JSON_FRAMES, after_seq=after_seq, idle_s=3600
+            run_id,
+            wire.JSON_FRAMES,
+            after_seq=after_seq,
+            idle_s=settings.HERMES["SSE_KEEPALIVE_S"],
         )
         async for batch in until_revoked(batches, self.credential, revoked):
+            if not batch and outage(DATABASE).down:  # the journal is unreadable
+                await self.send(text_data=KEEPALIVE_FRAME)
             for frame in batch:
                 await self.send(text_data=frame)
                 pending = await wait_drained(transport)

@@ -75,6 +75,7 @@ class Reader(threading.Thread):
         self.got: list[tuple[int, str, Any]] = []
         self.connections = 0
         self.refusals: list[Refusal] = []
+        self.keepalives = 0  # WebSocket keepalive frames (a database outage)
         self.errors: list[str] = []
         self.finished = False  # got `end`
 
@@ -210,6 +211,9 @@ class Reader(threading.Thread):
 
     def _take_frame(self, raw: str | bytes) -> None:
         frame = json.loads(raw)
+        if frame.get("event") == "keepalive" and "seq" not in frame:
+            self.keepalives += 1  # sent while the journal cannot be read
+            return
         if frame["id"] != f"{self.run_id}:{frame['seq']}":
             self.errors.append(f"frame id {frame['id']} seq {frame['seq']}")
         self._take(frame["seq"], frame["event"], frame["data"])

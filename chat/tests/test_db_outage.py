@@ -327,26 +327,66 @@ def ws_close_code(
     return asyncio.run(closed_with())
 
 
+class KeptOpen(threading.Thread):
+    """A WebSocket reader following a run in a thread; counts keepalives."""
+
+    def __init__(self, url: str, origin: str, headers: dict):
+        super().__init__(daemon=True)
+        self.url, self.origin, self.headers = url, origin, headers
+        self.opened = self.closed = False
+        self.keepalives = 0
+        self.frames: list[dict] = []
+        self.start()
+
+    def run(self) -> None:
+        asyncio.run(self._follow())
+
+    async def _follow(self) -> None:
+        async with websockets.connect(
+            self.url, additional_headers=self.headers, origin=Origin(self.origin)
+        ) as ws:
+            self.opened = True
+            try:
+                async for raw in ws:
+                    frame = json.loads(raw)
+                    if frame == {"event": "keepalive"}:
+                        self.keepalives += 1
+                    else:
+                        self.frames.append(frame)
+            except websockets.ConnectionClosed:
+                pass  # the server went away at the test's end
+            finally:
+                self.closed = True
+
+
 def test_under_daphne_a_websocket_meets_the_outage_with_1013_logged_once(pg, tmp_path):
     """Daphne's own WebSocket handling, not the test server's: a reader's
     reconnect during an outage is told 1013 (try again later), whether it
     signs in with a token or a session cookie (read by Channels' middleware
     before the consumer), and the outage is one warning line, not an ERROR
-    with a traceback per attempt."""
+    with a traceback per attempt. A reader already following stays open and
+    hears keepalive frames while the journal cannot be read."""
     token, session_key, run_id = (
         manage(pg, "shell", "-c", WS_LOGINS).strip().splitlines()[-1].split()
     )
     port = _free_port()
     log_path = tmp_path / "daphne.log"
     web = spawn_logged(
-        daphne_args(port), env_for(pg), log_path, "Listening on TCP address"
+        daphne_args(port),
+        env_for(pg, HERMES_SSE_KEEPALIVE_S="0.5", HERMES_READER_IDLE_CHECK_S="0.5"),
+        log_path,
+        "Listening on TCP address",
     )
     origin, url = f"http://127.0.0.1:{port}", f"ws://127.0.0.1:{port}/ws/runs/{run_id}/"
     as_token = {"Authorization": f"Token {token}"}
     as_cookie = {"Cookie": f"sessionid={session_key}"}
+    follower = KeptOpen(url, origin, as_cookie)
     try:
         assert ws_close_code(url, origin, as_token, 3) is None  # up: it follows
+        wait_until(lambda: follower.opened, timeout=30)
         pg.stop()
+        # The reader already following the run hears keepalives meanwhile.
+        wait_until(lambda: follower.keepalives >= 3, timeout=60)
         codes = [
             ws_close_code(url, origin, headers) for headers in (as_token, as_cookie) * 3
         ]
@@ -354,9 +394,11 @@ def test_under_daphne_a_websocket_meets_the_outage_with_1013_logged_once(pg, tmp
         assert codes == [1013] * 6
         assert ws_close_code(url, origin, as_cookie, 3) is None  # back: it follows
         wait_until(lambda: "database recovered" in log_path.read_text(), timeout=60)
+        assert not follower.closed  # it stayed open through the outage
     finally:
         web.terminate()
         web.wait(30)
+        follower.join(30)
     log = log_path.read_text()
     assert "ERROR" not in log, log[-3000:]
     assert log.count("database unavailable") == 1, log[-3000:]
