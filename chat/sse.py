@@ -7,12 +7,20 @@ work goes through the shared pool so a streaming request holds no connection.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, AsyncIterator
+import functools
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 
 from channels.layers import get_channel_layer
 from django.conf import settings
-from django.http import HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import (
+    HttpResponse,
+    HttpResponseBase,
+    HttpResponseNotAllowed,
+    JsonResponse,
+    StreamingHttpResponse,
+)
 from django.urls import reverse
+from django.views.decorators.csrf import csrf_exempt
 
 from journal import dbpool, wire
 from journal.cursor import Verdict, cursor_from_request, decide_for_run
@@ -173,6 +181,34 @@ class _Guarded:
         return await anext(self.body)
 
 
+SSE_METHODS = ("GET", "HEAD")
+
+
+def get_or_head(
+    view: Callable[..., Awaitable[HttpResponseBase]],
+) -> Callable[..., Awaitable[HttpResponseBase]]:
+    """A stream answers GET, and HEAD with its head and no body (no stream
+    is opened, no slot held); any other method 405 with `Allow`, before the
+    CSRF check (which would answer 403 for some methods and let OPTIONS and
+    TRACE open a stream). Exempt from CSRF: the view takes no other method."""
+
+    @csrf_exempt
+    @functools.wraps(view)
+    async def checked(request, *args, **kwargs) -> HttpResponseBase:
+        if request.method not in SSE_METHODS:
+            return HttpResponseNotAllowed(SSE_METHODS)
+        response = await view(request, *args, **kwargs)
+        if request.method == "HEAD" and isinstance(response, SSEResponse):
+            head = HttpResponse(status=response.status_code)
+            for name, value in response.items():
+                head[name] = value
+            response.close()  # never served: its slot goes with it
+            return head
+        return response
+
+    return checked
+
+
 def _authorize(request, run_id: str):
     user = user_from_request(request)
     if not user.is_authenticated:
@@ -212,6 +248,7 @@ def pruned_response(run) -> JsonResponse:
     )
 
 
+@get_or_head
 async def run_events(request, run_id: str):
     run, error = await dbpool.readers.run(_authorize, request, run_id)
     if error is not None:
@@ -258,6 +295,7 @@ def _authenticated_user_id(request) -> int | None:
     return user.pk if user.is_authenticated else None
 
 
+@get_or_head
 async def user_stream(request):
     """`GET /api/stream/`: the user's notifications (sessions, run start/finish).
 

@@ -36,6 +36,7 @@ from hermes_site.heap import (  # noqa: E402
     freeze_startup_heap,
     pace_full_collections,
 )
+from hermes_site.request_limits import RequestLimits, guard_daphne  # noqa: E402
 from journal import dbpool  # noqa: E402
 
 WARM_WAIT_S = 3.0  # at most, for the read pool's connections at start-up
@@ -164,7 +165,7 @@ _router = ProtocolTypeRouter(
 )
 
 
-async def application(scope, receive, send):
+async def _site(scope, receive, send):
     """The site: streaming requests to `HermesASGIHandler.stream`, the rest
     through Channels' router (HTTP to Django, WebSockets to Channels)."""
     if scope["type"] == "http" and STREAM_PATHS.match(scope["path"]):
@@ -180,3 +181,11 @@ async def application(scope, receive, send):
             await body.serve(flow.send, flow.on_disconnect)
         return None
     return await _router(scope, receive, send)
+
+
+# Request bodies bounded per route before any view (or Django) reads them:
+# as an ASGI middleware for servers that pass a body on as it arrives, and
+# inside daphne, which reads a whole body before calling the application
+# (hermes_site/request_limits.py).
+guard_daphne()
+application = RequestLimits(_site)

@@ -443,6 +443,11 @@ HERMES = {
     # Messages one imported session file may hold (413 `import_messages` past
     # it, before anything is written).
     "IMPORT_MAX_MESSAGES": env.int("HERMES_IMPORT_MAX_MESSAGES", default=20_000),
+    # A request body to any other route, in bytes (413 past it, before it is
+    # read: hermes_site/request_limits.py); uploads and imports have theirs.
+    "MAX_REQUEST_BYTES": env.int("HERMES_MAX_REQUEST_BYTES", default=2 * 1024 * 1024),
+    # A request body that stops arriving for this long is answered 408.
+    "REQUEST_BODY_TIMEOUT_S": env.float("HERMES_REQUEST_BODY_TIMEOUT_S", default=30.0),
     # /healthz: a worker heartbeat older than this is a worker gone (0: automatic).
     "HEALTH_WORKER_MAX_AGE_S": env.float("HERMES_HEALTH_WORKER_MAX_AGE_S", default=0.0),
     # Tools the model may call; unset means every safe built-in.
