@@ -14,6 +14,7 @@ gets `CHECK_TIMEOUT_S`, and a worker counts as gone only after two leases.
 """
 
 import asyncio
+import logging
 import time
 import uuid
 
@@ -32,6 +33,8 @@ from journal import dbpool, metrics
 from journal.heartbeats import workers_seen
 from journal.models import Run
 from journal.outages import CHANNEL_LAYER, Outage, outage
+
+log = logging.getLogger(__name__)
 
 CHECK_TIMEOUT_S = 8.0  # each check: slow under load is not down (probes allow ~10 s)
 # The database check's own thread: behind the readers' pool it would wait for
@@ -145,11 +148,47 @@ async def healthz(request):
     for check in checks.values():
         check.pop("critical", None)
     status = "unhealthy" if failed else "degraded" if warnings else "ok"
-    return JsonResponse(
+    response = JsonResponse(
         {"status": status, "failed": failed, "warnings": warnings, "checks": checks},
         status=503 if failed else 200,
         headers={"Cache-Control": "no-store"},
     )
+    _unhealthy.seen(failed)
+    # A 503 here is the probe's answer, not a server error: Django would log
+    # each one as an ERROR (`django.request`); `_unhealthy` logs the spell.
+    response._has_been_logged = True
+    return response
+
+
+class _Unhealthy:
+    """Logs a spell of 503s once at its start and once at its end, with the
+    count, as journal.outages logs a dependency's outage."""
+
+    def __init__(self) -> None:
+        self.since: float | None = None
+        self.answers = 0
+        self.failed: list[str] = []
+
+    def seen(self, failed: list[str]) -> None:
+        if failed:
+            self.answers += 1
+            if self.since is None or failed != self.failed:
+                log.warning(
+                    "healthz unhealthy (failed: %s); logging once until it is healthy",
+                    ", ".join(failed),
+                )
+                self.since = self.since or time.monotonic()
+                self.failed = failed
+        elif self.since is not None:
+            log.info(
+                "healthz healthy again after %.1f s; %d unhealthy answers",
+                time.monotonic() - self.since,
+                self.answers,
+            )
+            self.since, self.answers, self.failed = None, 0, []
+
+
+_unhealthy = _Unhealthy()
 
 
 class DatabaseCollector(Collector):

@@ -8,6 +8,7 @@ docs/operating.md, "Redis outage".
 
 import json
 import logging
+import re
 import threading
 
 import httpx
@@ -99,3 +100,27 @@ def test_listeners_rejoin_after_redis_restarts_and_log_once(
     assert len(back) == 1 and "failures during the outage" in back[0].getMessage()
     assert not [r for r in caplog.records if "publish failed" in r.getMessage()]
     assert json.loads(json.dumps(Outage.current())) == {}  # nothing down any more
+
+
+def test_healthz_503s_through_an_outage_log_one_line_each_way(
+    private_redis, client, transactional_db, caplog
+):
+    """Each 503 is the probe's answer, not a server error: no ERROR per
+    probe, one warning when the spell starts and one line when it ends."""
+    from journal.heartbeats import worker_beat
+
+    caplog.set_level(logging.INFO)
+    worker_beat(worker_id="w:1:w", active_runs=0)
+    assert client.get("/healthz").status_code == 200
+    private_redis.kill()
+    codes = [client.get("/healthz").status_code for _ in range(5)]
+    private_redis.start()
+    wait_until(lambda: client.get("/healthz").status_code == 200, timeout=60)
+    assert codes == [503] * 5
+    errors = [r.getMessage() for r in caplog.records if r.levelno >= logging.ERROR]
+    assert errors == []
+    health = [r.getMessage() for r in caplog.records if r.name == "hermes_site.health"]
+    assert len(health) == 2, health
+    assert health[0].startswith("healthz unhealthy (failed: channel_layer)")
+    assert health[1].startswith("healthz healthy again after")
+    assert re.search(r"; \d+ unhealthy answers$", health[1]), health[1]
