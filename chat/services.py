@@ -16,6 +16,7 @@ from journal.events import storable
 from journal.fold import Fold
 from journal.leases import run_settle
 from journal.models import Event, Run
+from journal.outages import CHANNEL_LAYER, outage
 from journal.publish import announce, publish_on_commit
 from journal.signals import run_settling
 
@@ -71,8 +72,10 @@ def _signal_workers(message: dict) -> None:
             return
         try:
             async_to_sync(layer.group_send)(WORKERS_GROUP, message)
-        except Exception:
-            log.warning("worker signal failed: %s", message.get("type"), exc_info=True)
+        except Exception as exc:  # one line per outage, not a traceback per run
+            outage(CHANNEL_LAYER).failed("worker signal", exc)
+        else:
+            outage(CHANNEL_LAYER).recovered()
 
     transaction.on_commit(send)
 

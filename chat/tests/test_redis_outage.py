@@ -124,3 +124,24 @@ def test_healthz_503s_through_an_outage_log_one_line_each_way(
     assert health[0].startswith("healthz unhealthy (failed: channel_layer)")
     assert health[1].startswith("healthz healthy again after")
     assert re.search(r"; \d+ unhealthy answers$", health[1]), health[1]
+
+
+def test_run_starts_in_a_redis_outage_log_one_line_not_tracebacks(
+    private_redis, server, alice, caplog
+):
+    """The workers' nudge and the tabs' notice fail at every run start while
+    Redis is away (workers poll, tabs refetch): one line for the outage."""
+    from hermes_testing.api import new_session, start_run
+
+    caplog.set_level(logging.INFO)
+    sessions = [new_session(server, alice[1]) for _ in range(3)]
+    private_redis.kill()
+    for session_id in sessions:
+        start_run(server, alice[1], session_id, "while redis is away")
+    private_redis.start()
+    down = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage().split(";")[0] for r in down] == [
+        down[0].getMessage().split(";")[0]
+    ], [r.getMessage() for r in down]
+    assert down[0].name == "journal.outages"
+    assert sum(bool(r.exc_info) for r in down) == 1  # the outage's traceback, once
