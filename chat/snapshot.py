@@ -20,7 +20,7 @@ from journal.models import Event, Run
 from journal.store import READ_PAGE, read_after
 
 from .models import Message
-from .tree import Tree
+from .tree import IDS_PER_QUERY, Tree
 
 MAX_ITEMS = 64  # parts (text, reasoning, tool cards) and status lines kept
 MAX_FIELD = 8 * 1024  # per tool argument or result string
@@ -116,14 +116,40 @@ def tool_outcomes(session) -> dict[str, dict[str, dict]]:
     tool_messages = Message.objects.filter(
         session=session, role=Message.Role.TOOL, run__isnull=False
     ).values_list("pk", "run_id")
-    runs = {run_id for pk, run_id in tool_messages if pk in path}
-    if not runs:
-        return {}
-    # Payloads are compact JSON (`journal.store`): a failed call's holds
-    # `"is_error":true` as written, never inside a string (quotes are escaped
-    # there); each match is parsed to be sure.
+    runs = sorted({run_id for pk, run_id in tool_messages if pk in path}, reverse=True)
+    outcomes: dict[str, dict[str, dict]] = {}
+    listed = 0
+    # Newest runs first, a bounded number of ids a statement (`chat.tree`).
+    for start in range(0, len(runs), IDS_PER_QUERY):
+        for run_id, kind, data in _decisive_events(runs[start : start + IDS_PER_QUERY]):
+            call_id = data.get("tool_call_id")
+            if not isinstance(call_id, str):
+                continue
+            calls = outcomes.setdefault(run_id, {})
+            if call_id not in calls:
+                if listed >= MAX_TOOL_OUTCOMES:
+                    return outcomes
+                listed += 1
+            call = calls.setdefault(call_id, {})
+            if kind == "tool_complete":
+                call["is_error"] = True
+            else:
+                call["approval"] = {
+                    "decision": data.get("decision", ""),
+                    "note": _clip(str(data.get("note") or "")),
+                }
+    return outcomes
+
+
+def _decisive_events(run_ids: list[str]):
+    """`(run_id, type, payload)` of the runs' `approval` events and of their
+    `tool_complete` events of failed calls, newest run first, in order.
+
+    Payloads are compact JSON (`journal.store`): a failed call's holds
+    `"is_error":true` as written, never inside a string (quotes are escaped
+    there), so the database returns only those; each is parsed to be sure."""
     rows = (
-        Event.objects.filter(run_id__in=runs)
+        Event.objects.filter(run_id__in=run_ids)
         .filter(
             Q(type="approval")
             | Q(type="tool_complete", payload__contains='"is_error":true')
@@ -131,29 +157,13 @@ def tool_outcomes(session) -> dict[str, dict[str, dict]]:
         .order_by("-run_id", "seq")
         .values_list("run_id", "type", "payload")
     )
-    outcomes: dict[str, dict[str, dict]] = {}
-    listed = 0
     for run_id, kind, payload in rows.iterator(chunk_size=500):
         data = json.loads(payload)
-        call_id = data.get("tool_call_id")
-        if not isinstance(call_id, str):
+        if not isinstance(data, dict):
             continue
         if kind == "tool_complete" and data.get("is_error") is not True:
             continue
-        calls = outcomes.setdefault(run_id, {})
-        if call_id not in calls:
-            if listed >= MAX_TOOL_OUTCOMES:
-                break
-            listed += 1
-        call = calls.setdefault(call_id, {})
-        if kind == "tool_complete":
-            call["is_error"] = True
-        else:
-            call["approval"] = {
-                "decision": data.get("decision", ""),
-                "note": _clip(str(data.get("note") or "")),
-            }
-    return outcomes
+        yield run_id, kind, data
 
 
 def session_live(session) -> dict:
