@@ -5,7 +5,9 @@ subject is `chat.title:<session_id>`. It has no `chat.Turn`, so no transcript
 and no session's active run ever shows it. `title_queue` queues it in the
 transaction that ends a session's first completed answer; any worker claims
 it, and `execute_title_run` asks the chat's model (without tools) for a short
-title and journals `start`, the title as one `token`, and `end`. The title is
+title and journals `start`, the title as one `token`, and `end` (with a
+`status` before the token when the title is the question's first words: the
+model gave none that `clean_title` keeps, failed or took too long). The title is
 saved in the transaction of that `end`, and only while the user has not named
 the chat (`ChatSession.title_by_user`): a rename always wins. The owner's tabs
 hear "session updated" and refetch their sidebar.
