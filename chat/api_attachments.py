@@ -24,7 +24,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from . import api_schema
-from .attachments import AttachmentRefused, info, max_bytes, upload
+from .attachments import AttachmentRefused, file_bytes, info, max_bytes, upload, usage
 from .models import Attachment
 
 ID = 2**63 - 1  # a BigAutoField; larger ids fail in the database
@@ -68,8 +68,32 @@ def refused(exc: AttachmentRefused) -> Response:
     return Response(exc.body(), status=exc.status)
 
 
+STORAGE = inline_serializer(
+    "Storage",
+    {
+        "used_bytes": serializers.IntegerField(
+            help_text="file bytes stored (a file kept by several messages once)"
+        ),
+        "limit_bytes": serializers.IntegerField(
+            help_text="`HERMES_USER_MAX_STORED_BYTES`: past it an upload or an "
+            "import with files answers 413"
+        ),
+    },
+)
+
+
 class AttachmentUpload(APIView):
     parser_classes = [MultiPartParser]
+
+    @extend_schema(
+        summary="The file bytes you store, and the most you may",
+        description="The account page's usage line. Files are stored once "
+        "however many messages keep them (an edited question keeps its "
+        "version's files without a copy); deleting chats frees their files.",
+        responses={200: STORAGE},
+    )
+    def get(self, request):
+        return Response(usage(owner=request.user))
 
     @extend_schema(
         summary="Upload a file to send with a message",
@@ -79,9 +103,10 @@ class AttachmentUpload(APIView):
             "GIF and WebP images (told by their bytes) go to models that take "
             "images (`vision` in `GET /api/models/`). Name the answered `id` "
             "in a run's `attachments`. 413 over `HERMES_ATTACHMENT_MAX_BYTES` "
-            "(or a text file over `HERMES_MAX_MESSAGE_CHARS`), 415 for a type "
-            "not taken, 429 with too many uploads not sent yet; each error "
-            "names its `limit`."
+            "(or a text file over `HERMES_MAX_MESSAGE_CHARS`, or past the "
+            "bytes one user may store, `HERMES_USER_MAX_STORED_BYTES`), 415 "
+            "for a type not taken, 429 with too many uploads not sent yet; "
+            "each error names its `limit`."
         ),
         request={
             "multipart/form-data": {
@@ -167,7 +192,7 @@ class AttachmentContent(APIView):
         attachment = attachment_for(request, attachment_id)
         image = attachment.kind == Attachment.Kind.IMAGE
         response = HttpResponse(
-            bytes(attachment.data),
+            file_bytes(attachment),
             content_type=attachment.mime if image else "text/plain; charset=utf-8",
         )
         disposition = "inline" if image else "attachment"

@@ -16,6 +16,7 @@ bounds it.
 """
 
 import base64
+import hashlib
 import re
 import unicodedata
 from collections.abc import Iterable
@@ -24,9 +25,13 @@ from datetime import timedelta
 from pathlib import PurePosixPath
 
 from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.db.models import RestrictedError, Sum
+from django.db.models.signals import post_delete
+from django.dispatch import receiver
 from django.utils import timezone
 
-from .models import Attachment, Message
+from .models import Attachment, Message, StoredFile
 
 #: Read as text or code when `HERMES_ATTACHMENT_TEXT_EXTENSIONS` is unset.
 TEXT_EXTENSIONS = (
@@ -209,8 +214,84 @@ def upload(*, owner, name: str, declared: str, data: bytes) -> Attachment:
         kind=checked.kind,
         mime=checked.mime,
         size=len(checked.data),
-        data=checked.data,
+        stored=store_bytes(owner=owner, data=checked.data),
     )
+
+
+# --- stored bytes: once per owner, bounded per owner ------------------------------
+
+
+def max_stored_bytes() -> int:
+    return settings.HERMES["USER_MAX_STORED_BYTES"]
+
+
+def stored_bytes(*, owner) -> int:
+    """The file bytes `owner` keeps: each shared file once, and the files
+    stored before files were shared (their own `data`)."""
+    owner_id = getattr(owner, "pk", owner)
+    shared = StoredFile.objects.filter(owner_id=owner_id).aggregate(n=Sum("size"))
+    legacy = Attachment.objects.filter(
+        owner_id=owner_id, stored__isnull=True
+    ).aggregate(n=Sum("size"))
+    return (shared["n"] or 0) + (legacy["n"] or 0)
+
+
+def usage(*, owner) -> dict:
+    """What the account page shows: bytes stored and the bound."""
+    return {"used_bytes": stored_bytes(owner=owner), "limit_bytes": max_stored_bytes()}
+
+
+def check_storage(*, owner, adding: int) -> None:
+    """Refuse (413, naming the setting) `adding` new bytes past the bound."""
+    limit = max_stored_bytes()
+    used = stored_bytes(owner=owner)
+    if adding and used + adding > limit:
+        raise AttachmentRefused(
+            f"storing {adding} more bytes of files would pass the {limit} bytes "
+            f"one user may keep ({used} stored); delete chats with files to "
+            "free some",
+            status=413,
+            limit="HERMES_USER_MAX_STORED_BYTES",
+        )
+
+
+def store_bytes(*, owner, data: bytes, checked: bool = False) -> StoredFile:
+    """`data` as one of `owner`'s stored files: the one already holding the
+    same bytes, else a new one (within the bound unless `checked`)."""
+    digest = hashlib.sha256(data).hexdigest()
+    owner_id = getattr(owner, "pk", owner)
+    found = StoredFile.objects.filter(owner_id=owner_id, sha256=digest).first()
+    if found is not None:
+        return found
+    if not checked:
+        check_storage(owner=owner, adding=len(data))
+    try:
+        with transaction.atomic():
+            return StoredFile.objects.create(
+                owner_id=owner_id, sha256=digest, size=len(data), data=data
+            )
+    except IntegrityError:  # the same bytes stored meanwhile
+        return StoredFile.objects.get(owner_id=owner_id, sha256=digest)
+
+
+def file_bytes(attachment: Attachment) -> bytes:
+    """An attachment's bytes, wherever they are stored."""
+    if attachment.stored_id is not None:
+        return bytes(attachment.stored.data)  # type: ignore[union-attr]
+    return bytes(attachment.data)
+
+
+@receiver(post_delete, sender=Attachment)
+def _drop_unkept_bytes(sender, instance: Attachment, **kwargs) -> None:
+    """The last attachment to a stored file takes its bytes with it."""
+    if instance.stored_id is None:
+        return
+    unkept = StoredFile.objects.filter(pk=instance.stored_id, attachments=None)
+    try:
+        with transaction.atomic():
+            unkept.delete()
+    except RestrictedError:  # kept again meanwhile
+        pass
 
 
 def pending_for(*, owner, ids: list[int]) -> list[Attachment]:
@@ -237,19 +318,26 @@ def has_images(attachments: Iterable[Attachment]) -> bool:
 
 
 def copy_to(*, source: Message, target: Message) -> None:
-    """An edited question keeps the files of the version it replaces."""
-    copies = [
-        Attachment(
-            owner_id=a.owner_id,
-            message=target,
-            name=a.name,
-            kind=a.kind,
-            mime=a.mime,
-            size=a.size,
-            data=a.data,
+    """An edited question keeps the files of the version it replaces: the
+    same stored bytes, not a copy of them (a file stored before files were
+    shared is moved to a stored file first, at no cost to the bound)."""
+    copies = []
+    for a in source.attachments.all():
+        if a.stored_id is None:
+            a.stored = store_bytes(owner=a.owner_id, data=bytes(a.data), checked=True)
+            a.data = b""
+            a.save(update_fields=["stored", "data"])
+        copies.append(
+            Attachment(
+                owner_id=a.owner_id,
+                message=target,
+                name=a.name,
+                kind=a.kind,
+                mime=a.mime,
+                size=a.size,
+                stored_id=a.stored_id,
+            )
         )
-        for a in source.attachments.all()
-    ]
     Attachment.objects.bulk_create(copies)
 
 
@@ -280,7 +368,7 @@ def fenced(name: str, text: str) -> str:
 
 
 def data_url(attachment: Attachment) -> str:
-    encoded = base64.b64encode(bytes(attachment.data)).decode("ascii")
+    encoded = base64.b64encode(file_bytes(attachment)).decode("ascii")
     return f"data:{attachment.mime};base64,{encoded}"
 
 
@@ -297,7 +385,7 @@ def user_content(
     images = []
     for attachment in attachments:
         if attachment.kind == Attachment.Kind.TEXT:
-            text = bytes(attachment.data).decode("utf-8-sig", errors="replace")
+            text = file_bytes(attachment).decode("utf-8-sig", errors="replace")
             blocks.append(fenced(attachment.name, text))
         elif vision:
             images.append(attachment)
@@ -327,7 +415,8 @@ def by_message(message_ids: Iterable[int]) -> dict[int, list[Attachment]]:
     ids = list(message_ids)
     for start in range(0, len(ids), IDS_PER_QUERY):
         part = ids[start : start + IDS_PER_QUERY]
-        for attachment in Attachment.objects.filter(message_id__in=part):
+        rows = Attachment.objects.filter(message_id__in=part).select_related("stored")
+        for attachment in rows:
             if attachment.message_id is not None:
                 found.setdefault(attachment.message_id, []).append(attachment)
     for files in found.values():

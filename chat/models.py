@@ -114,6 +114,31 @@ class Message(models.Model):
         return f"{self.role}: {self.content[:40]}"
 
 
+class StoredFile(models.Model):
+    """A file's bytes, stored once per owner however many messages keep it
+    (an edited question's copy, the same file sent twice, an import of it):
+    attachments point here (`chat.attachments`). Counted against the owner's
+    `HERMES_USER_MAX_STORED_BYTES`; removed with the last attachment to it."""
+
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="+"
+    )
+    sha256 = models.CharField(max_length=64)
+    size = models.PositiveIntegerField()
+    data = models.BinaryField()
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(
+                fields=["owner", "sha256"], name="chat_storedfile_owner_sha256"
+            )
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.sha256[:12]} ({self.size} bytes)"
+
+
 class Attachment(models.Model):
     """A file sent with a user message (`chat.attachments`).
 
@@ -143,7 +168,16 @@ class Attachment(models.Model):
     # Told by the bytes for an image, never taken from the client.
     mime = models.CharField(max_length=100)
     size = models.PositiveIntegerField()
-    data = models.BinaryField()
+    # The bytes: `stored` (shared); `data` holds those of a file stored before
+    # files were shared, and nothing for a newer one (`chat.attachments.file_bytes`).
+    stored = models.ForeignKey(
+        StoredFile,
+        on_delete=models.RESTRICT,
+        null=True,
+        blank=True,
+        related_name="attachments",
+    )
+    data = models.BinaryField(default=b"", blank=True)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:

@@ -43,7 +43,16 @@ from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from rest_framework.exceptions import ValidationError
 
-from .attachments import AttachmentRefused, Checked, check_file, fenced, max_files
+from .attachments import (
+    AttachmentRefused,
+    Checked,
+    check_file,
+    check_storage,
+    fenced,
+    file_bytes,
+    max_files,
+    store_bytes,
+)
 from .models import Attachment, ChatSession, Message
 
 log = logging.getLogger(__name__)
@@ -168,9 +177,11 @@ def session_export(*, session: ChatSession) -> Iterator[str]:
                         "kind": a.kind,
                         "mime": a.mime,
                         "size": a.size,
-                        "data": base64.b64encode(bytes(a.data)).decode("ascii"),
+                        "data": base64.b64encode(file_bytes(a)).decode("ascii"),
                     }
-                    for a in Attachment.objects.filter(message_id=row["id"])
+                    for a in Attachment.objects.filter(
+                        message_id=row["id"]
+                    ).select_related("stored")
                 ]
             yield _dump(line)
 
@@ -447,13 +458,16 @@ def _checked_messages(lines: Iterator[tuple[int, str]]) -> Iterator[_Line]:
         yield _message(number, _parse(number, line), index)
 
 
-def check_file_whole(source: IO[str]) -> tuple[dict, int]:
+def check_file_whole(source: IO[str]) -> tuple[dict, int, int]:
     """The first pass: every line checked, nothing written, one line in memory
-    at a time; (the session's fields, how many messages)."""
+    at a time; (the session's fields, how many messages, their files' bytes)."""
     lines = _lines(source)
     fields = _header(lines)
-    count = sum(1 for _ in _checked_messages(lines))
-    return fields, count
+    count = files = 0
+    for line in _checked_messages(lines):
+        count += 1
+        files += sum(len(file.data) for file in line.files)
+    return fields, count, files
 
 
 def _rereadable(lines: Iterable[str] | IO[str]) -> tuple[IO[str], bool]:
@@ -481,7 +495,13 @@ def session_import(*, owner, lines: Iterable[str] | IO[str]) -> tuple[ChatSessio
     """
     source, copied = _rereadable(lines)
     try:
-        fields, count = check_file_whole(source)
+        fields, count, files_size = check_file_whole(source)
+        try:  # every file counted, as if none were stored already
+            check_storage(owner=owner, adding=files_size)
+        except AttachmentRefused as exc:
+            raise TransferError(
+                0, str(exc), status=exc.status, limit=exc.limit
+            ) from None
         _remove_stale_imports(owner)
         session = ChatSession.all_objects.create(
             owner=owner, importing=True, title_by_user=True, **fields
@@ -551,7 +571,7 @@ def _write_chunk(owner, session_id: int, chunk: list[_Line], ids: array) -> None
                 kind=file.kind,
                 mime=file.mime,
                 size=len(file.data),
-                data=file.data,
+                stored=store_bytes(owner=owner, data=file.data, checked=True),
             )
             for m, line in zip(messages, chunk, strict=True)
             for file in line.files
@@ -650,9 +670,9 @@ def _call_parts(call: Any) -> tuple[str, str]:
 
 def _markdown_files(message_id: int) -> Iterator[str]:
     """A message's files: text ones in full, images by name and size."""
-    for a in Attachment.objects.filter(message_id=message_id):
+    for a in Attachment.objects.filter(message_id=message_id).select_related("stored"):
         if a.kind == Attachment.Kind.TEXT:
-            text = bytes(a.data).decode("utf-8-sig", errors="replace")
+            text = file_bytes(a).decode("utf-8-sig", errors="replace")
             yield f"\n{fenced(a.name, text)}\n"
         else:
             yield f"\nImage attached: `{a.name}` ({a.size} bytes)\n"

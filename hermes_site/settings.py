@@ -443,6 +443,11 @@ HERMES = {
     # Messages one imported session file may hold (413 `import_messages` past
     # it, before anything is written).
     "IMPORT_MAX_MESSAGES": env.int("HERMES_IMPORT_MAX_MESSAGES", default=20_000),
+    # File bytes one user may keep stored (uploads, imports; a file kept by
+    # several messages counts once): 413 `HERMES_USER_MAX_STORED_BYTES` past it.
+    "USER_MAX_STORED_BYTES": env.int(
+        "HERMES_USER_MAX_STORED_BYTES", default=1024 * 1024 * 1024
+    ),
     # A request body to any other route, in bytes (413 past it, before it is
     # read: hermes_site/request_limits.py); uploads and imports have theirs.
     "MAX_REQUEST_BYTES": env.int("HERMES_MAX_REQUEST_BYTES", default=2 * 1024 * 1024),

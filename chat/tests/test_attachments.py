@@ -10,6 +10,7 @@ import httpx
 import pytest
 from rest_framework.test import APIClient
 
+from chat.attachments import file_bytes
 from chat.models import Attachment, ChatSession, Message
 from chat.providers import registry
 from chat.transfer import session_export, session_import, session_markdown
@@ -262,7 +263,9 @@ def test_an_edit_keeps_the_files_of_the_version_it_replaces(api, session):
     assert send(api, session, content="v2", edit_of=question.pk).status_code == 201
     edited = Message.objects.get(role="user", content="v2")
     (copy,) = edited.attachments.all()
-    assert (copy.name, bytes(copy.data)) == ("a.txt", b"kept") and copy.pk != pk
+    assert (copy.name, file_bytes(copy)) == ("a.txt", b"kept") and copy.pk != pk
+    # The same stored bytes, not a copy of them.
+    assert copy.stored_id == Attachment.objects.get(pk=pk).stored_id is not None
 
 
 def test_the_schema_documents_attachments(api):
@@ -429,7 +432,7 @@ def test_export_and_import_keep_the_files(api, session, alice, bob):
     copy, count = session_import(owner=bob[0], lines=lines)
     (message,) = copy.messages.all()
     files = list(message.attachments.all())
-    assert [(f.name, f.kind, f.mime, bytes(f.data)) for f in files] == [
+    assert [(f.name, f.kind, f.mime, file_bytes(f)) for f in files] == [
         ("p.png", "image", "image/png", PNG),
         ("a.py", "text", "text/plain; charset=utf-8", CODE),
     ]
