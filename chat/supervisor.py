@@ -10,11 +10,13 @@ runs them without a process manager (docs/operating.md):
   started again, after a pause that doubles while children die young
   (`RESTART_MIN_S` to `RESTART_MAX_S`); its runs are settled by the reapers as
   for any lost worker;
-- SIGTERM and SIGINT are passed to every child, which stops claiming, lets its
-  runs finish for `--grace` seconds and settles the rest (chat.worker); the
+- SIGTERM and SIGINT are passed to every child, which stops claiming and
+  hands its runs over to a worker still alive elsewhere, or else lets them
+  finish for `--grace` seconds and settles the rest (chat.worker); the
   supervisor waits for them all and exits, 0 if every child did. Children
   still running `STOP_MARGIN_S` after their grace are killed (their runs are
-  then settled by the reapers).
+  then settled by the reapers). The children stop together: a rolling
+  restart restarts worker processes one at a time instead (docs/operating.md).
 
 The supervisor itself touches neither the database nor the channel layer.
 """
