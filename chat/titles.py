@@ -88,7 +88,8 @@ _REFUSAL = re.compile(
 _LEAD_IN = re.compile(
     r"^(?:(?:sure|okay|ok|certainly|of course)\b[!,.]?\s*)?"
     r"(?:here(?:'s| is)\s+(?:a|the|your|my)\s+(?:short\s+|possible\s+)?)?"
-    r"(?:suggested\s+)?title(?:\s+for\s+[^:]*)?\s*(?:is\s*)?[:\-–—]\s*",
+    r"(?:the\s+)?(?:suggested\s+)?title(?:\s+(?:of|for)\s+[^:\"“”]*?)?"
+    r"(?:\s*[:\-–—]|\s+(?:is|would be|could be)\b:?)\s*",
     re.IGNORECASE,
 )
 _LIST_MARK = re.compile(r"^(?:[#>*+\-]+|\d+[.)])\s+")

@@ -170,6 +170,8 @@ def test_the_demo_model_titles_a_chat_too(
         ("Weekend in Lisbon,", "Weekend in Lisbon"),
         ("## Title: *Weekend in Lisbon*", "Weekend in Lisbon"),
         ("Sure! Here is a title:\n\n“Weekend in Lisbon”", "Weekend in Lisbon"),
+        ('The title of this conversation is "Weekend in Lisbon".', "Weekend in Lisbon"),
+        ("Title insurance basics", "Title insurance basics"),
         ("I'm sorry, but I cannot help with that.", ""),
         ("I cannot write a title for this conversation", ""),
         ("I’m unable to do that", ""),
