@@ -404,10 +404,17 @@ class Checker:
                 ids = [str(m["id"]) for m in payload["data"]]
         if not self.model:
             if not ids:
+                keyless = status >= 500 and not self.api_key
                 raise UpstreamError(
                     f"GET {self.base_url}/models listed no model "
                     f"(HTTP {status}{': ' + error if error else ''}); "
                     "name one with --model"
+                    + (
+                        "; a server that needs a key may fail so without one: "
+                        "--api-key-env NAME"
+                        if keyless
+                        else ""
+                    )
                 )
             self.model = ids[0]
         listed = ", ".join(ids[:5]) + (", …" if len(ids) > 5 else "")

@@ -250,6 +250,12 @@ def test_an_unlisted_model_is_named_and_the_plain_table_prints(fake_llm):
     assert header.split() == ["scenario", "result", "seen", "set", "in", "Hermes"]
 
 
+def test_a_failing_listing_without_a_key_suggests_one(fake_llm):
+    fake_llm.models_fault = 500
+    with pytest.raises(CommandError, match="needs a key may fail so"):
+        call_command("check_upstream", fake_llm.base_url)
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
