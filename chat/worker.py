@@ -37,6 +37,7 @@ from journal.leases import (
     Claim,
     cancel_requested,
     claims_held_by,
+    handed_unclaimed,
     lease_renew,
     next_lease_expiry,
     other_workers_alive,
@@ -65,6 +66,8 @@ REAP_MARGIN_S = 0.25  # reap this long after the earliest lease lapses
 REAP_RECHECK_S = 1.0  # a lapsed lease not reaped yet (outage grace): look again
 STOP_CLAIM_WAIT_S = 10.0  # a stop waits this long for a claim in flight
 HANDOVER_WAIT_S = 10.0  # past the grace, for hand-overs held up by an outage
+UNCLAIMED_WAIT_S = 3.0  # a run handed over is claimed within a poll or two
+UNCLAIMED_POLL_S = 0.2
 
 
 async def close_providers() -> None:
@@ -160,13 +163,14 @@ class Worker:
                 len(self.held),
                 others,
             )
+            handed = [claim for claim, _, _ in self.held.values()]
             await self._stop_runs(HANDOVER, timeout=grace_s + HANDOVER_WAIT_S)
+            await self._nudge_others()
+            await self._settle_unclaimed(handed)
         elif self.held:
             running = [task for _, _, task in self.held.values()]
             await asyncio.wait(running, timeout=grace_s)
             await self._stop_runs("shutdown", timeout=10)
-        if others:
-            await self._nudge_others()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -181,6 +185,55 @@ class Worker:
             control.request(reason)
         if held:
             await asyncio.wait([task for _, _, task in held], timeout=timeout)
+
+    async def _settle_unclaimed(self, handed: list[Claim]) -> None:
+        """Wait for the runs handed over to be claimed; if they are not and no
+        worker is alive any more (the others were stopping too, as a
+        supervisor's children do), end them here as the last worker would:
+        `interrupted` / `worker-shutdown`, their text kept once."""
+        deadline = time.monotonic() + UNCLAIMED_WAIT_S
+        while True:
+            try:
+                waiting = await dbpool.readers.run(handed_unclaimed, claims=handed)
+                if not waiting:
+                    return
+                alive = await dbpool.readers.run(
+                    other_workers_alive,
+                    worker_id=self.worker_id,
+                    max_age_s=self.lease_s,
+                )
+            except Exception as exc:  # the runs stay queued for the next worker
+                log.warning("worker stopping: hand-over unconfirmed (%s)", exc)
+                return
+            if not alive:
+                break
+            if time.monotonic() > deadline:
+                return  # others are alive: they claim the runs when they can
+            await asyncio.sleep(UNCLAIMED_POLL_S)
+        for claim in waiting:
+            await self._settle_shutdown(claim)
+
+    async def _settle_shutdown(self, claim: Claim) -> None:
+        try:
+            records = await dbpool.writers.run(
+                run_settle,
+                run_id=claim.run_id,
+                status=Run.Status.INTERRUPTED,
+                terminal_state="worker-shutdown",
+                by=self.worker_id,
+                only_if_lost=False,
+                token=claim.token,
+            )
+        except Exception as exc:
+            log.warning(
+                "run left queued for the next worker run_id=%s (%s)",
+                claim.run_id,
+                _first_line(exc),
+            )
+            return
+        if records:
+            log.info("run ended: no worker left to hand it to run_id=%s", claim.run_id)
+            await publish(claim.run_id, records)
 
     async def _leave_heartbeats(self) -> int:
         """Drop this worker's heartbeat; how many other workers are alive.

@@ -214,6 +214,20 @@ def run_hand_over(*, run_id: str, token: int, events: list) -> list[Record]:
     return records
 
 
+def handed_unclaimed(*, claims: list[Claim]) -> list[Claim]:
+    """Of runs handed over under `claims`, those no worker has claimed since:
+    still queued with the token the hand-over gave them."""
+    if not claims:
+        return []
+    held = Q()
+    for claim in claims:
+        held |= Q(id=claim.run_id, fencing_token=claim.token + 1)
+    rows = Run.objects.filter(held, status=Run.Status.QUEUED).values_list(
+        "id", "fencing_token"
+    )
+    return [Claim(run_id, token) for run_id, token in rows]
+
+
 def other_workers_alive(*, worker_id: str, max_age_s: float) -> int:
     """Workers other than `worker_id` that beat within `max_age_s` seconds."""
     since = timezone.now() - timedelta(seconds=max_age_s)

@@ -182,6 +182,43 @@ def test_sigterm_with_no_other_worker_ends_the_run_resumable_keeping_its_text(
     assert "Unclosed" not in (tmp_path / "last.log").read_text()
 
 
+def test_a_run_handed_to_a_worker_that_does_not_take_it_is_ended_not_stranded(
+    server, alice, fake_llm
+):
+    """The other worker looked alive but never claims the run (it was stopping
+    too, as a supervisor's children do, or here paused until its heartbeat
+    is stale): the stopping worker ends the run resumable instead of leaving
+    it queued with no worker."""
+    hold = threading.Event()
+    fake_llm.push(Reply(text=LONG, chunk_chars=2, hold_after_chunks=10, hold=hold))
+    workers = [spawn_worker(fake_llm, "--grace", "0.5") for _ in range(2)]
+    try:
+        session_id = new_session(server, alice[1])
+        run_id = start_run(server, alice[1], session_id, "talk slowly")
+        fake_llm.wait_held(0, timeout=90)
+        wait_until(lambda: journal_text(run_id=run_id) == LONG[:18], timeout=60)
+        pid = int(Run.objects.get(id=run_id).lease_owner.split(":")[1])
+        holder = next(p for p in workers if p.pid == pid)
+        other = next(p for p in workers if p.pid != pid)
+        other.send_signal(signal.SIGSTOP)  # its heartbeat is fresh for a lease
+        holder.send_signal(signal.SIGTERM)
+        assert holder.wait(30) == 0
+    finally:
+        for proc in workers:
+            proc.send_signal(signal.SIGCONT)
+            proc.kill()
+    run = Run.objects.get(id=run_id)
+    assert (run.status, run.terminal_state) == ("interrupted", "worker-shutdown")
+    events = list(Event.objects.filter(run_id=run_id).values_list("type", flat=True))
+    assert "status" in events and events.count("end") == 1  # handed, then ended
+    kept = "".join(
+        Message.objects.filter(session_id=session_id, role="assistant").values_list(
+            "content", flat=True
+        )
+    )
+    assert kept == LONG[:18] == journal_text(run_id=run_id)
+
+
 def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
     server, alice, fake_llm
 ):
