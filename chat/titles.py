@@ -84,6 +84,18 @@ _REFUSAL = re.compile(
     r"i\s+apologi[sz]e|as an ai\b|unfortunately\b)",
     re.IGNORECASE,
 )
+# Nor is an answer to the question, or a chat with the reader, which is what
+# small models write instead ("The answer to the question above is …",
+# "You can answer that, I'm here to help you with anything!").
+_NOT_A_TITLE = re.compile(
+    r"^(?:the\s+)?(?:correct\s+|short\s+|final\s+)?answer\b|"
+    r"\b(?:i'm|i am|i can|i'll|i will|i'd|let me|you can|you could|you should"
+    r"|here to help|happy to help|hope this helps)\b",
+    re.IGNORECASE,
+)
+# Two sentences are an answer too ("Same answer. No additional context …");
+# an abbreviation ("Dr. Who", "U.S. Politics") is not a sentence's end.
+_TWO_SENTENCES = re.compile(r"[a-z]{3,}[.!?]\s+[A-Z]")
 # A lead-in before the title itself: "Title:", "Sure! Here is a title: …".
 _LEAD_IN = re.compile(
     r"^(?:(?:sure|okay|ok|certainly|of course)\b[!,.]?\s*)?"
@@ -95,7 +107,8 @@ _LEAD_IN = re.compile(
 _LIST_MARK = re.compile(r"^(?:[#>*+\-]+|\d+[.)])\s+")
 _INLINE_MARKUP = re.compile(r"(\*\*|__|`+|~~)")
 _QUOTES = "\"'“”‘’«»„`"
-_TRAILING = ".,:;…-–— \t"
+_TRAILING = ".,:;…-–—/|\\ \t"
+LEAD_IN_WORDS = 6  # "Sure! Here is a short title:" before the title's own line
 
 
 def _unmark(line: str) -> str:
@@ -115,19 +128,34 @@ def _unmark(line: str) -> str:
         line = line.rstrip(_TRAILING)
         if line == before:
             break
+    for opening, closing in (("“", "”"), ("«", "»")):
+        if line.count(opening) != line.count(closing):  # unpaired: dropped
+            line = line.replace(opening, "").replace(closing, "")
+    if line.count('"') % 2:
+        line = line.replace('"', "")
     return " ".join(line.split())
 
 
 def _title_line(text: str) -> str:
-    """The line a title is taken from: the first with words in it, skipping a
-    lead-in that ends with ':' ("Here is a title:") when a line follows it."""
-    lines = [line for line in text.splitlines() if _unmark(line)]
+    """The line a title is taken from: the first with words in it (a code
+    fence has none), skipping a short lead-in that ends with ':' ("Here is a
+    title:") when a line follows it."""
+    lines = [
+        line
+        for line in text.splitlines()
+        if _unmark(line) and not line.lstrip().startswith("```")
+    ]
     for index, line in enumerate(lines):
-        lead_in = line.rstrip().rstrip("*_").endswith(":")
-        if lead_in and index + 1 < len(lines):
+        if _lead_in(line) and index + 1 < len(lines):
             continue
         return line
     return ""
+
+
+def _lead_in(line: str) -> bool:
+    return line.rstrip().rstrip("*_").endswith(":") and (
+        len(line.split()) <= LEAD_IN_WORDS
+    )
 
 
 def title_read_enough(text: str) -> bool:
@@ -139,17 +167,20 @@ def title_read_enough(text: str) -> bool:
     if not newline:
         return False
     line = _title_line(whole)
-    return bool(line) and not line.rstrip().rstrip("*_").endswith(":")
+    return bool(line) and not _lead_in(line)
 
 
 def clean_title(text: str) -> str:
     """The model's answer as a sidebar title, or "" when it is none: one line,
     without quotes, Markdown or a trailing '.', ',' or ':', cut on a word
-    boundary to TITLE_MAX_CHARS. A refusal ("I'm sorry, …") or an answer
+    boundary to TITLE_MAX_CHARS. A refusal ("I'm sorry, …"), an answer to
+    the question or a word to the reader ("I'm here to help") or anything
     longer than a title (REJECT_CHARS, REJECT_WORDS) gives ""."""
     line = _unmark(_title_line(text))
     flat = line.replace("’", "'")
-    if not line or _REFUSAL.match(flat):
+    if not line or _REFUSAL.match(flat) or _NOT_A_TITLE.search(flat):
+        return ""
+    if _TWO_SENTENCES.search(line):
         return ""
     if len(line) > REJECT_CHARS or len(line.split()) > REJECT_WORDS:
         return ""

@@ -173,6 +173,22 @@ def test_the_demo_model_titles_a_chat_too(
         ('The title of this conversation is "Weekend in Lisbon".', "Weekend in Lisbon"),
         ("Title insurance basics", "Title insurance basics"),
         ("I'm sorry, but I cannot help with that.", ""),
+        # What SmolLM2-135M answered a title run (llama.cpp's server).
+        ('The answer to the question above is "Paris."', ""),
+        ("The correct answer is `reversed(xs)` or `x` in Python.", ""),
+        ("You can answer that, I'm here to help you with anything!", ""),
+        ('A "Paris trip', "A Paris trip"),
+        ("Same answer. No additional context added in this instance.", ""),
+        ("Dr. Who and U.S. Politics", "Dr. Who and U.S. Politics"),
+        (
+            "In a day of the sea, calm and gentle /\nthe ocean's secrets",
+            "In a day of the sea, calm and gentle",
+        ),
+        (
+            "You can reverse a list in Python using slicing. Here's an example:"
+            "\n\n```python\nmy_list = [1, 2, 3]\n```",
+            "",
+        ),
         ("I cannot write a title for this conversation", ""),
         ("I’m unable to do that", ""),
         # An answer's first line, which used to be cut at 80 characters.
