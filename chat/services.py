@@ -7,6 +7,7 @@ import os
 
 from asgiref.sync import async_to_sync
 from channels.layers import get_channel_layer
+from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models.signals import pre_delete
 from django.dispatch import receiver
@@ -21,6 +22,7 @@ from journal.publish import announce, publish_on_commit
 from journal.signals import run_settling
 
 from .attachments import copy_to as copy_attachments
+from .limits import SESSIONS_RETRY_AFTER_S, LimitExceeded
 from .models import Attachment, ChatSession, Message, PendingMessage, Turn
 from .tree import active_leaf, branch_last_run, run_leaf
 
@@ -201,6 +203,7 @@ def run_start(
                 regenerate = _question_of(retry_of)
             elif regenerate is not None:
                 _user_message(session, regenerate, "regenerate")
+            _check_session_size(session)
             run = Run.objects.create(owner_id=owner_id, subject=session.subject)
             if regenerate is None:
                 edited = (
@@ -247,6 +250,20 @@ def run_start(
         raise
     log.info("run queued run_id=%s session_id=%s", run.id, session.pk)
     return run, True
+
+
+def _check_session_size(session: ChatSession) -> None:
+    """Refuse a run of a session that holds the most messages one may (every
+    version of every branch): 429 `session_messages`. A queued message meant
+    to start it stays pending (`chat.pending.deliver_after_end`)."""
+    limit = settings.HERMES["SESSION_MAX_MESSAGES"]
+    if Message.objects.filter(session=session).count() >= limit:
+        raise LimitExceeded(
+            "session_messages",
+            f"this chat holds {limit} messages, the most one may; start a new "
+            "chat to go on",
+            SESSIONS_RETRY_AFTER_S,
+        )
 
 
 def _attach(

@@ -445,15 +445,20 @@ def _header(lines: Iterator[tuple[int, str]]) -> dict:
 
 
 def _checked_messages(lines: Iterator[tuple[int, str]]) -> Iterator[_Line]:
-    """Each message line, checked; refused past `HERMES_IMPORT_MAX_MESSAGES`."""
-    limit = max_messages()
+    """Each message line, checked; refused past `HERMES_IMPORT_MAX_MESSAGES`
+    or `HERMES_SESSION_MAX_MESSAGES`, whichever is lower."""
+    bounds = [
+        (max_messages(), "import_messages", "one import"),
+        (settings.HERMES["SESSION_MAX_MESSAGES"], "session_messages", "one chat"),
+    ]
+    limit, name, holder = min(bounds)
     for index, (number, line) in enumerate(lines):
         if index >= limit:
             raise TransferError(
                 number,
-                f"more than {limit} messages, the most one import may hold",
+                f"more than {limit} messages, the most {holder} may hold",
                 status=413,
-                limit="import_messages",
+                limit=name,
             )
         yield _message(number, _parse(number, line), index)
 

@@ -443,6 +443,10 @@ HERMES = {
     # Messages one imported session file may hold (413 `import_messages` past
     # it, before anything is written).
     "IMPORT_MAX_MESSAGES": env.int("HERMES_IMPORT_MAX_MESSAGES", default=20_000),
+    # Messages one session may hold, every version of every branch counted: a
+    # run of a session past it answers 429 `session_messages` (start a new
+    # chat), an import of more 413.
+    "SESSION_MAX_MESSAGES": env.int("HERMES_SESSION_MAX_MESSAGES", default=20_000),
     # File bytes one user may keep stored (uploads, imports; a file kept by
     # several messages counts once): 413 `HERMES_USER_MAX_STORED_BYTES` past it.
     "USER_MAX_STORED_BYTES": env.int(

@@ -410,3 +410,26 @@ def test_an_import_of_another_user_is_not_shown_to_them(api, bob, monkeypatch):
     pk = response.json()["session"]["id"]
     assert api.get(f"/api/sessions/{pk}/").status_code == 200
     assert client.get(f"/api/sessions/{pk}/").status_code == 404
+
+
+def test_a_session_past_its_message_bound_starts_no_run(api, session, settings):
+    """`HERMES_SESSION_MAX_MESSAGES` bounds a chat's messages, however they
+    came: a run would add more (429 naming it), an import of more is 413."""
+    from journal.models import Run
+
+    settings.HERMES = {**settings.HERMES, "SESSION_MAX_MESSAGES": 2}
+    Message.objects.create(session=session, role="user", content="one")
+    Message.objects.create(session=session, role="assistant", content="two")
+    response = api.post(
+        f"/api/sessions/{session.pk}/runs/", {"content": "three"}, format="json"
+    )
+    assert response.status_code == 429
+    assert response.json()["limit"] == "session_messages"
+    assert "holds 2 messages, the most one may" in response.json()["error"]
+    assert not Run.objects.exists() and session.messages.count() == 2
+
+    refused = post(api, body(lines(3)))
+    assert refused.status_code == 413
+    assert refused.json()["limit"] == "session_messages"
+    assert "more than 2 messages, the most one chat may hold" in refused.json()["error"]
+    assert ChatSession.all_objects.count() == 1
