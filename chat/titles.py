@@ -108,7 +108,10 @@ _LIST_MARK = re.compile(r"^(?:[#>*+\-]+|\d+[.)])\s+")
 _INLINE_MARKUP = re.compile(r"(\*\*|__|`+|~~)")
 _QUOTES = "\"'“”‘’«»„`"
 _TRAILING = ".,:;…-–—/|\\ \t"
-LEAD_IN_WORDS = 6  # "Sure! Here is a short title:" before the title's own line
+LEAD_IN_WORDS = 6  # "Sure! Here are some ideas:" before the title's own line
+_ANNOUNCING = re.compile(
+    r"\b(?:title|here|sure|certainly|suggest\w*|ideas?|options?)\b", re.IGNORECASE
+)
 
 
 def _unmark(line: str) -> str:
@@ -153,8 +156,12 @@ def _title_line(text: str) -> str:
 
 
 def _lead_in(line: str) -> bool:
-    return line.rstrip().rstrip("*_").endswith(":") and (
-        len(line.split()) <= LEAD_IN_WORDS
+    """A short line that announces what follows ("Here are some ideas:");
+    other lines ending with ':' are titles with a ':' too many."""
+    return (
+        line.rstrip().rstrip("*_").endswith(":")
+        and len(line.split()) <= LEAD_IN_WORDS
+        and _ANNOUNCING.search(line) is not None
     )
 
 

@@ -167,6 +167,8 @@ def test_the_demo_model_titles_a_chat_too(
         ("   ", ""),
         # What a small local model answered instead of a title (issue 41):
         ("Capital of France:", "Capital of France"),
+        ("Capital of France:\nParis is its capital.", "Capital of France"),
+        ("Here are some ideas:\n- Capital of France", "Capital of France"),
         ("Weekend in Lisbon,", "Weekend in Lisbon"),
         ("## Title: *Weekend in Lisbon*", "Weekend in Lisbon"),
         ("Sure! Here is a title:\n\n“Weekend in Lisbon”", "Weekend in Lisbon"),
@@ -231,6 +233,8 @@ def test_fallback_title_is_the_first_words_of_the_question(question, title):
         ("Capital of", False),
         ("Capital of France\n", True),
         ("Here is a title:\n", False),  # a lead-in: the title comes next
+        ("Some ideas:\n", False),
+        ("Capital of France:\n", True),  # a title with a ':' too many
         ("Here is a title:\n\nCapital of France\n", True),
         ("x" * titles.READ_MAX_CHARS, True),
     ],
