@@ -404,6 +404,77 @@ def test_worker_sigterm_hands_its_runs_to_the_other_which_finishes_them(stack, m
     assert "Unclosed" not in log and "Traceback" not in log
 
 
+def journal_texts(stack: Stack, cases: list[Case]) -> dict[str, str]:
+    rows = stack.db.try_query(
+        "SELECT run_id, string_agg(payload::json->>'text', '' ORDER BY seq)"
+        " FROM journal_event WHERE run_id = ANY(%s) AND type = 'token'"
+        " GROUP BY run_id",
+        ([c.run_id for c in cases],),
+    )
+    return dict(rows or [])
+
+
+def test_rolling_restart_of_every_process_interrupts_no_run(stack, model):
+    """The runbook (docs/operating.md, "Rolling restart") under load: each
+    worker SIGTERMed and started again in turn, then each daphne, while six
+    long answers stream; every run completes whole and once, and runs go
+    from worker to worker at known points (the model's script holds there)."""
+    users = stack.db.create_users(6)
+    web = stack.deployment.live_webs()[0]
+    first, second = 41, 31  # chunks (the role frame included) before each hold
+    cut1, cut2 = 4 * (first - 1), 4 * (first - 1) + 4 * (second - 1)
+    cases, later = [], []
+    for i, headers in enumerate(users):
+        content, text = f"rolling {secrets.token_hex(6)}", story(i, 6000)
+        at_cut1, at_cut2 = threading.Event(), threading.Event()
+        model.route(
+            content,
+            Reply(text=text, chunk_chars=4, hold_after_chunks=first, hold=at_cut1),
+            Reply(
+                text=text[cut1:],
+                chunk_chars=4,
+                tokens_per_s=400,
+                hold_after_chunks=second,
+                hold=at_cut2,
+            ),
+            Reply(text=text[cut2:], chunk_chars=4, tokens_per_s=400),
+        )
+        session_id = new_session(web, headers)
+        run_id = start_run(web, headers, session_id, content)
+        cases.append(Case(run_id, session_id, headers, content, text))
+        later.append(at_cut2)
+    readers = follow(stack, cases)
+
+    def at(cut: int, which: list[Case]) -> bool:
+        texts = journal_texts(stack, which)
+        return all(texts.get(c.run_id) == c.text[:cut] for c in which)
+
+    wait_for(lambda: at(cut1, cases), timeout=90, what="every run at its hold")
+    first_worker, moved = busiest_worker(stack, cases)
+    second_worker = next(w for w in stack.deployment.workers if w is not first_worker)
+    for worker in (first_worker, second_worker):
+        worker.send(signal.SIGTERM)
+        assert worker.proc is not None and worker.proc.wait(60) == 0
+        if worker is first_worker:  # its runs stream on, up to the next hold
+            wait_for(lambda: at(cut2, moved), timeout=90, what="moved runs held")
+            worker.start()
+    for hold in later:  # the second hop's runs go on to their end
+        hold.set()
+    for daphne in stack.deployment.webs:  # then the web servers, one at a time
+        daphne.stop()
+        daphne.start()
+    wait_settled(stack, cases)
+    verdicts = check(stack, cases, readers)
+    assert_completed_whole(verdicts, cases)
+    for case in cases:
+        hops = [
+            data["message"]
+            for _, kind, data in verdicts[case.run_id].journal
+            if kind == "status"
+        ]
+        assert len(hops) == (2 if case in moved else 1), hops
+
+
 # --- readers -------------------------------------------------------------------------
 
 
