@@ -432,8 +432,10 @@ def _lines(source: IO[str]) -> Iterator[tuple[int, str]]:
         for number, line in enumerate(source, start=1):  # noqa: B007
             if line.strip():
                 yield number, line
-    except UnicodeDecodeError:
-        raise TransferError(number + 1, "the file is not UTF-8 text") from None
+    except UnicodeDecodeError:  # decoded ahead in blocks: the line is a bound
+        raise TransferError(
+            0, f"the file is not UTF-8 text (after line {number})"
+        ) from None
 
 
 def _header(lines: Iterator[tuple[int, str]]) -> dict:
