@@ -159,6 +159,8 @@ def test_session_snapshot_keeps_tool_cards_where_they_streamed(api, alice, sessi
             "duration_ms": 2,
         },
         {"kind": "text", "text": "you are seeing: noon"},
+        # A resume marks where the answer was asked for again (journal.fold).
+        {"kind": "resume", "text": "Retry attempt: stream-resume 1/3; body cut"},
     ]
     assert snapshot["statuses"] == ["Retry attempt: stream-resume 1/3; body cut"]
     assert snapshot["last_seq"] == 6 and snapshot["too_large"] is False

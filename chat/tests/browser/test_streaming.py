@@ -225,7 +225,9 @@ def test_failed_run_shows_its_error_and_partial_then_retry_works(
     assert "stream-resume" not in turn.inner_text()
     partial = saved_text(run_id)
     assert partial == LONG[:40] * 4
-    expect(turn.get_by_test_id("assistant-text")).to_have_text(partial.strip())
+    # Each kept fragment is its own segment, a resume mark between each two.
+    expect(turn.get_by_test_id("assistant-text")).to_have_text([LONG[:40].strip()] * 4)
+    expect(turn.get_by_test_id("resume-mark")).to_have_count(3)
 
     page.reload()  # the error and its category survive a reload
     expect(last_turn(page).get_by_test_id("run-error")).to_have_attribute(
