@@ -6,6 +6,7 @@ import socket
 import threading
 import time
 
+import httpx
 import pytest
 from asgiref.sync import async_to_sync
 from django.utils import timezone
@@ -217,6 +218,45 @@ def test_a_run_handed_to_a_worker_that_does_not_take_it_is_ended_not_stranded(
         )
     )
     assert kept == LONG[:18] == journal_text(run_id=run_id)
+
+
+def test_serve_closes_the_model_clients_of_its_worker_on_sigterm(
+    alice, fake_llm, tmp_path
+):
+    """`manage.py serve`'s in-process worker closes its providers' pooled
+    connections when it stops: no `Unclosed client session` at exit."""
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    proc = spawn_logged(
+        ["manage.py", "serve", "--port", str(port)],
+        _worker_env(fake_llm),
+        log_path,
+        "Hermes at",
+    )
+    try:
+        fake_llm.push(Reply(text="Served."))
+        site = type("Site", (), {"url": f"http://127.0.0.1:{port}"})
+        wait_until(lambda: _answers(site.url), timeout=60)
+        session_id = new_session(site, alice[1])
+        run_id = start_run(site, alice[1], session_id, "hello")
+        wait_until(
+            lambda: Run.objects.filter(id=run_id, status="completed").exists(),
+            timeout=60,
+        )
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+    finally:
+        proc.kill()
+    log = log_path.read_text()
+    assert "worker stopped" in log
+    assert "Unclosed" not in log, log[-2000:]
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/healthz", timeout=5).status_code in (200, 503)
+    except httpx.HTTPError:
+        return False
 
 
 def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
