@@ -1,5 +1,6 @@
 """Real processes: a worker killed or paused mid-run; a reader moving servers."""
 
+import json
 import os
 import signal
 import socket
@@ -17,6 +18,7 @@ from chat.services import journal_text
 from chat.worker import Worker
 from hermes_testing.api import LONG, new_session, start_run, stream, text_of
 from hermes_testing.fake_llm import Reply
+from hermes_testing.fake_responses import ResponsesReply, responses_provider
 from hermes_testing.harness import (
     read_sse,
     running_run,
@@ -257,6 +259,45 @@ def _answers(url: str) -> bool:
         return httpx.get(f"{url}/healthz", timeout=5).status_code in (200, 503)
     except httpx.HTTPError:
         return False
+
+
+def test_sigterm_hands_a_responses_run_over_to_re_attach_not_regenerate(
+    server, alice, fake_llm, fast_readers, settings
+):
+    """A run reading a response kept upstream is handed over with its cursor:
+    the next worker re-attaches after it, nothing is asked or paid twice."""
+    with responses_provider(settings) as responses:
+        responses.push(ResponsesReply(text=LONG, chunk_chars=2, tokens_per_s=40))
+        env = _worker_env(fake_llm)
+        env["HERMES_PROVIDERS"] = json.dumps(settings.HERMES["PROVIDERS"])
+        proc = spawn(["manage.py", "worker", "--concurrency", "2"], env, "running")
+        worker = Worker(concurrency=2)
+        try:
+            session_id = new_session(server, alice[1])
+            reply = httpx.post(
+                f"{server.url}/api/sessions/{session_id}/runs/",
+                json={"content": "tell me", "model": "gpt-bg"},
+                headers=alice[1],
+            )
+            run_id = reply.json()["run_id"]
+            wait_until(
+                lambda: Event.objects.filter(run_id=run_id, type="token").count() >= 3,
+                timeout=30,
+            )
+            server.call(worker.start())  # alive: the stopping worker hands over
+            proc.send_signal(signal.SIGTERM)
+            assert proc.wait(30) == 0
+            events = stream(server, alice[1], run_id)
+        finally:
+            proc.kill()
+            server.call(worker.stop(grace_s=5))
+        assert text_of(events) == LONG  # the one answer, each word once
+        end = events[-1][2]
+        assert (end["status"], end["terminal_state"]) == ("completed", "completed")
+        notes = [data["message"] for _, kind, data in events if kind == "status"]
+        assert notes == ["Retry attempt: re-attach after the worker stopped"]
+        assert len(responses.of_kind("POST")) == 1  # re-attached, not asked again
+        assert len(responses.of_kind("GET")) == 1
 
 
 def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
