@@ -65,11 +65,13 @@ def title_queue(*, session_id: int) -> Run | None:
     return run
 
 
-# What a title run reads, and how long it waits. The provider interface has
-# no output limit to ask for, so the run bounds what it reads instead: it
-# stops once a title line has come (a line, then a newline) or after
-# READ_MAX_CHARS, and gives up after TIME_LIMIT_S. Small local models answer
-# the conversation instead of naming it: a 1,215-character "title" took 17.7 s.
+# What a title run asks for, reads, and how long it waits. It asks for at most
+# TITLE_MAX_TOKENS, and also bounds what it reads (a server may not honour the
+# limit): it stops once a title line has come (a line, then a newline) or
+# after READ_MAX_CHARS, and gives up after TIME_LIMIT_S. Small local models
+# answer the conversation instead of naming it: a 1,215-character "title"
+# took 17.7 s.
+TITLE_MAX_TOKENS = 32  # six words in any language, with room for a lead-in
 READ_MAX_CHARS = 240
 TIME_LIMIT_S = 20.0
 TITLE_MAX_CHARS = 60  # a sidebar line; longer titles are cut on a word boundary
@@ -241,7 +243,7 @@ async def _read_title(provider, model: str, messages: list[dict], control) -> st
     """The model's answer, read until a title line came, READ_MAX_CHARS or a
     stop; the stream is closed at once (the server sees the socket close)."""
     text = ""
-    stream = provider.stream(model, messages)
+    stream = provider.stream(model, messages, max_tokens=TITLE_MAX_TOKENS)
     async with contextlib.aclosing(stream), asyncio.timeout(TIME_LIMIT_S):
         async for item in stream:
             if isinstance(item, ContentDelta):

@@ -146,8 +146,10 @@ class Provider(Protocol):
         tools: list[dict[str, Any]] | None = None,
         *,
         stats: RequestStats | None = None,
+        max_tokens: int | None = None,
     ) -> AsyncGenerator[StreamItem, None]:
-        """Yield the items of one completion; see the module docstring."""
+        """Yield the items of one completion; see the module docstring.
+        ``max_tokens`` bounds this one answer below the provider's limit."""
         ...
 
     async def list_models(self) -> list[str]:

@@ -58,8 +58,10 @@ class DemoProvider:
         tools: list[dict[str, Any]] | None = None,
         *,
         stats: RequestStats | None = None,
+        max_tokens: int | None = None,
     ) -> AsyncGenerator[StreamItem, None]:
-        """Yield the scripted step for this point of the conversation."""
+        """Yield the scripted step for this point of the conversation
+        (``max_tokens`` is moot: its scripts are short)."""
         self.requests_started += 1
         if stats is not None:
             stats.requests_started += 1

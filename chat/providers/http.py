@@ -75,6 +75,7 @@ class HTTPProvider:
     """
 
     path = "/chat/completions"  # POSTed under ``base_url``
+    max_tokens_field = "max_tokens"  # the request's output limit
 
     def __init__(
         self,
@@ -185,10 +186,15 @@ class HTTPProvider:
         tools: list[dict[str, Any]] | None = None,
         *,
         stats: RequestStats | None = None,
+        max_tokens: int | None = None,
     ) -> AsyncGenerator[StreamItem, None]:
-        """Stream one answer; see the module docstring for the error contract."""
+        """Stream one answer; see the module docstring for the error contract.
+        ``max_tokens`` bounds this answer (a title's) below the provider's own."""
         stats = stats if stats is not None else RequestStats()
         body = self._body(model, messages, tools)
+        if max_tokens:
+            limit = body.get(self.max_tokens_field)
+            body[self.max_tokens_field] = min(max_tokens, limit or max_tokens)
         self.active_requests += 1
         try:
             response = await self._open(body, stats)

@@ -70,6 +70,7 @@ class ResponsesProvider(OpenAIProvider):
     """
 
     path = "/responses"
+    max_tokens_field = "max_output_tokens"
 
     def __init__(
         self,

@@ -56,6 +56,9 @@ def test_first_answer_brings_a_title_run_journaled_and_out_of_the_transcript(
     assert "What is the capital of France?" in asked[1]["content"]
     assert "Paris is the capital." in asked[1]["content"]
     assert "tools" not in fake_llm.requests[-1].body
+    assert (
+        fake_llm.requests[-1].body["max_tokens"] == titles.TITLE_MAX_TOKENS
+    )  # bounded
 
     # Not a turn: the transcript and the session's runs are the chat's only.
     listed = httpx.get(

@@ -171,3 +171,24 @@ def test_the_default_model_is_one_the_server_lists(settings):
         registry.reset()
         assert registry.default_model() == "served"
     registry.reset()
+
+
+def test_one_answer_may_ask_for_less_than_the_providers_limit(settings):
+    with FakeLLM() as fake:
+        _providers(settings, fake, max_tokens=64)
+        provider = registry.get_provider("local")
+
+        async def main():
+            stream = provider.stream("m", MESSAGES, max_tokens=8)
+            async with contextlib.aclosing(stream) as items:
+                async for _ in items:
+                    pass
+            stream = provider.stream("m", MESSAGES, max_tokens=500)
+            async with contextlib.aclosing(stream) as items:
+                async for _ in items:
+                    pass
+            await provider.aclose()
+
+        asyncio.run(main())
+        assert [r.body["max_tokens"] for r in fake.requests] == [8, 64]
+    registry.reset()
