@@ -36,6 +36,7 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth import get_user_model
+from django.core.signals import request_finished, request_started
 from django.db import connection
 from django.db.models import Count
 from django.db.models.signals import pre_save
@@ -187,6 +188,16 @@ def _count_run_at_creation(sender, instance: Run, raw: bool = False, **kwargs) -
 pre_save.connect(
     _count_run_at_creation, sender=Run, dispatch_uid="chat.limits.run_rate"
 )
+
+
+def _disarm(sender, **kwargs) -> None:
+    """A request's arming ends with it (where requests share a context, as
+    the test client's do, a refused request's must not reach the next)."""
+    _run_rate_armed.set(None)
+
+
+request_started.connect(_disarm, dispatch_uid="chat.limits.disarm_started")
+request_finished.connect(_disarm, dispatch_uid="chat.limits.disarm_finished")
 
 
 def check_session_count(*, user) -> None:
