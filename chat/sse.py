@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
+from typing import TypeVar, cast
 
 from channels.layers import get_channel_layer
 from django.conf import settings
@@ -184,9 +185,10 @@ class _Guarded:
 SSE_METHODS = ("GET", "HEAD")
 
 
-def get_or_head(
-    view: Callable[..., Awaitable[HttpResponseBase]],
-) -> Callable[..., Awaitable[HttpResponseBase]]:
+_View = TypeVar("_View", bound=Callable[..., Awaitable[HttpResponseBase]])
+
+
+def get_or_head(view: _View) -> _View:
     """A stream answers GET, and HEAD with its head and no body (no stream
     is opened, no slot held); any other method 405 with `Allow`, before the
     CSRF check (which would answer 403 for some methods and let OPTIONS and
@@ -206,7 +208,7 @@ def get_or_head(
             return head
         return response
 
-    return checked
+    return cast(_View, checked)
 
 
 def _authorize(request, run_id: str):
