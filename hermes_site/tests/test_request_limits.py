@@ -299,9 +299,11 @@ def test_daphne_refuses_declared_and_chunked_bodies_and_stalls(daphne_port):
 
 
 def test_daphne_stops_taking_a_large_upload_at_the_bound(daphne_port):
-    """A 64 MiB upload (chunked) is not read past the upload's bound: the
-    server stops taking it, and answers 413 if the client reads."""
-    send = 64 * MiB
+    """A 96 MiB upload (chunked) is not read past the upload's bound: the
+    server stops taking it, and answers 413 if the client reads. (What the
+    client gets to send is the bound and the two sides' socket buffers,
+    a few MiB each at most on Linux.)"""
+    send = 96 * MiB
     with _connect(daphne_port) as sock:
         sock.sendall(_head("/api/attachments/", "Transfer-Encoding: chunked"))
         piece = b"%x\r\n%s\r\n" % (64 * KiB, b"x" * (64 * KiB))
@@ -313,7 +315,7 @@ def test_daphne_stops_taking_a_large_upload_at_the_bound(daphne_port):
         except (BrokenPipeError, ConnectionResetError):
             pass
         answer = _read_answer(sock)
-    assert sent < 8 * MiB, f"the server took {sent} bytes"
+    assert sent < 24 * MiB, f"the server took {sent} bytes"
     if answer.raw:  # a reset may have overtaken the answer
         assert answer.status == 413
 
