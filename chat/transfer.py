@@ -38,7 +38,7 @@ from datetime import UTC, datetime, timedelta
 from typing import IO, Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.utils import timezone
 from django.utils.dateparse import parse_datetime
 from rest_framework.exceptions import ValidationError
@@ -544,32 +544,22 @@ def _write_messages(owner, session: ChatSession, source: IO[str]) -> int:
 
 
 def _write_chunk(owner, session_id: int, chunk: list[_Line], ids: array) -> None:
-    """One short transaction: the chunk's messages, their parents, their files.
-
-    A parent in an earlier chunk is known at insert; one in this chunk is
-    set once the chunk's ids are."""
-    first = len(ids)
+    """One short transaction: the chunk's messages with their parents (their
+    ids are reserved first, so every parent is known at insert: one INSERT,
+    no UPDATE), then their files."""
     with transaction.atomic():
+        reserved = _reserve_ids(len(chunk))
+        ids.extend(reserved)
         messages = [
             Message(
+                pk=pk,
                 session_id=session_id,
-                parent_id=(
-                    ids[line.parent]
-                    if line.parent is not None and line.parent < first
-                    else None
-                ),
+                parent_id=None if line.parent is None else ids[line.parent],
                 **line.fields,
             )
-            for line in chunk
+            for pk, line in zip(reserved, chunk, strict=True)
         ]
         Message.objects.bulk_create(messages)
-        ids.extend(m.pk for m in messages)
-        inside = [
-            Message(pk=m.pk, parent_id=ids[line.parent])
-            for m, line in zip(messages, chunk, strict=True)
-            if line.parent is not None and line.parent >= first
-        ]
-        Message.objects.bulk_update(inside, ["parent"], batch_size=CHUNK)
         Attachment.objects.bulk_create(
             Attachment(
                 owner=owner,
@@ -583,6 +573,30 @@ def _write_chunk(owner, session_id: int, chunk: list[_Line], ids: array) -> None
             for m, line in zip(messages, chunk, strict=True)
             for file in line.files
         )
+
+
+def _reserve_ids(count: int) -> list[int]:
+    """Ids for `count` new messages, ascending, inside the chunk's transaction.
+
+    PostgreSQL: taken from the table's sequence. SQLite: past the highest id
+    ever given (the table is AUTOINCREMENT); the chunk's IMMEDIATE transaction
+    holds the write lock, so no other insert takes them meanwhile."""
+    table = Message._meta.db_table
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute(
+                "SELECT nextval(pg_get_serial_sequence(%s, 'id'))"
+                " FROM generate_series(1, %s)",
+                [table, count],
+            )
+            return sorted(row[0] for row in cursor.fetchall())
+        cursor.execute(
+            f"SELECT MAX(top) FROM (SELECT MAX(id) AS top FROM {table}"
+            " UNION ALL SELECT seq FROM sqlite_sequence WHERE name = %s)",
+            [table],
+        )
+        top = cursor.fetchone()[0] or 0
+        return list(range(top + 1, top + 1 + count))
 
 
 def _reveal(session: ChatSession) -> None:
