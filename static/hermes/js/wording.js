@@ -19,6 +19,7 @@ const TERMINAL_STATES = {
   "token-limit": "Stopped: the answer used up its token budget",
   "time-limit": "Stopped: the answer reached its time limit",
   "output-limit": "Cut off: the answer reached its output limit",
+  "journal-backlog": "Failed: the model wrote faster than its answer could be stored",
 };
 
 const STATUSES = {
