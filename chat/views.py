@@ -24,6 +24,8 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods
 from rest_framework.authtoken.models import Token
 
+from chat import attachments
+
 SIGNUP_OPEN_GROUP = "hermes:signup-open"  # exists while an admin keeps sign-up open
 TOKEN_SHOWN_CHARS = 6  # of a stored key, enough to tell keys apart, useless to steal
 
@@ -157,6 +159,7 @@ def account(request: SignedInRequest) -> HttpResponse:
             else "",
             "signup_open": signup_is_open(),
             "signup_env": settings.HERMES["OPEN_SIGNUP"],
+            "storage": attachments.usage(owner=request.user),
         },
     )
     response["Cache-Control"] = "no-store"  # a page that may carry a new key

@@ -140,3 +140,16 @@ def _file(name: str, data: bytes):
 def _large_text_files(settings):
     """A 1 MiB text file is taken (its characters are bounded too)."""
     settings.HERMES = {**settings.HERMES, "MAX_MESSAGE_CHARS": 2 * MIB}
+
+
+def test_the_account_page_shows_what_is_stored_and_the_bound(
+    api, alice, client, settings
+):
+    settings.HERMES = {**settings.HERMES, "USER_MAX_STORED_BYTES": 2 * MIB}
+    client.force_login(alice[0])
+    page = client.get("/accounts/").content.decode()
+    assert "0\xa0bytes of 2.0\xa0MB used" in page
+    uploaded(api, "a.txt", FILE)
+    uploaded(api, "b.txt", FILE[:-1] + b"y")
+    page = client.get("/accounts/").content.decode()
+    assert "2.0\xa0MB of 2.0\xa0MB used" in page and "the limit is reached" in page
