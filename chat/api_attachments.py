@@ -91,6 +91,7 @@ class AttachmentUpload(APIView):
         "however many messages keep them (an edited question keeps its "
         "version's files without a copy); deleting chats frees their files.",
         responses={200: STORAGE},
+        operation_id="attachments_usage",  # not the file download's id
     )
     def get(self, request):
         return Response(usage(owner=request.user))

@@ -192,6 +192,11 @@ else:
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 REDIS_URL = env.str("REDIS_URL", default="")
+_CHANNEL_PREFIX = env.str("HERMES_CHANNEL_PREFIX", default="asgi")
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Each process of a parallel test run keeps its own keys (tests count and
+    # scan them); pytest-xdist names the process in the environment.
+    _CHANNEL_PREFIX += f"-{os.environ['PYTEST_XDIST_WORKER']}"
 if REDIS_URL:
     CHANNEL_LAYERS = {
         "default": {
@@ -200,7 +205,7 @@ if REDIS_URL:
                 "hosts": [REDIS_URL],
                 # Every key starts with this: Hermes installs (or a benchmark)
                 # sharing one Redis keep apart by it.
-                "prefix": env.str("HERMES_CHANNEL_PREFIX", default="asgi"),
+                "prefix": _CHANNEL_PREFIX,
                 # Readers never rely on this: the journal decides.
                 # See docs/architecture.md §5.6.
                 "capacity": 1000,

@@ -21,6 +21,8 @@ ALLOWED = {
     # sit in the settings object: a provider's key, an MCP server's headers.
     "chat/providers/registry.py": "os.environ.get(self.api_key_env",
     "chat/mcp_servers.py": "os.environ.get(variable)",
+    # check_upstream's --api-key-env names the variable holding the key.
+    "chat/management/commands/check_upstream.py": 'os.environ.get(options["api_key_env"]',
 }
 ENV_READ = re.compile(r"os\.environ|getenv\(|environ\.Env\(")
 
