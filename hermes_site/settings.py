@@ -361,6 +361,20 @@ try:
 except ValueError as exc:
     raise ImproperlyConfigured(f"HERMES_MCP_SERVERS is not valid JSON: {exc}") from exc
 try:
+    _MODEL_OUTPUT_TOKENS = env.json("HERMES_MODEL_OUTPUT_TOKENS", default={})
+except ValueError as exc:
+    raise ImproperlyConfigured(
+        f"HERMES_MODEL_OUTPUT_TOKENS is not valid JSON: {exc}"
+    ) from exc
+if not isinstance(_MODEL_OUTPUT_TOKENS, dict) or not all(
+    isinstance(v, int) and not isinstance(v, bool) and v > 0
+    for v in _MODEL_OUTPUT_TOKENS.values()
+):
+    raise ImproperlyConfigured(
+        "HERMES_MODEL_OUTPUT_TOKENS must be a JSON object of model names and "
+        'positive whole numbers, e.g. {"smollm2-135m": 512}'
+    )
+try:
     _TOOL_APPROVAL = env.json("HERMES_TOOL_APPROVAL", default={})
 except ValueError as exc:
     raise ImproperlyConfigured(
@@ -402,6 +416,8 @@ HERMES = {
     # a HERMES_PROVIDERS entry's `max_tokens` wins for its models. An answer
     # that reaches it ends `output-limit`, and the page offers Continue.
     "MAX_OUTPUT_TOKENS": env.int("HERMES_MAX_OUTPUT_TOKENS", default=4096),
+    # Per model, over any provider's limit: {"model": tokens}.
+    "MODEL_OUTPUT_TOKENS": _MODEL_OUTPUT_TOKENS,
     # Retries before response headers (429, 5xx, transport errors) and all
     # their waits together, Retry-After included; a HERMES_PROVIDERS entry's
     # `http_retries` / `retry_budget_s` win. Behind a proxy that retries

@@ -90,6 +90,7 @@ class HTTPProvider:
         backoff_cap: float = 60.0,
         retry_budget_s: float = 60.0,
         max_connections: int = 512,
+        model_max_tokens: dict[str, int] | None = None,
     ) -> None:
         self.name = name
         self.base_url = base_url.rstrip("/")
@@ -100,6 +101,8 @@ class HTTPProvider:
         self.backoff_base = backoff_base
         self.backoff_cap = backoff_cap
         self.retry_budget_s = retry_budget_s
+        # Output limits of some models, over the provider's own.
+        self.model_max_tokens = dict(model_max_tokens or {})
         self.max_connections = max_connections
         self.active_requests = 0
         self.requests_started = 0
@@ -192,6 +195,8 @@ class HTTPProvider:
         ``max_tokens`` bounds this answer (a title's) below the provider's own."""
         stats = stats if stats is not None else RequestStats()
         body = self._body(model, messages, tools)
+        if model in self.model_max_tokens:
+            body[self.max_tokens_field] = self.model_max_tokens[model]
         if max_tokens:
             limit = body.get(self.max_tokens_field)
             body[self.max_tokens_field] = min(max_tokens, limit or max_tokens)

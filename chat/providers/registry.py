@@ -411,6 +411,7 @@ def _build(config: ProviderConfig) -> OpenAIProvider:
         "idle_timeout": hermes["STREAM_IDLE_TIMEOUT_S"],
         "max_http_retries": options.pop("http_retries", hermes["HTTP_RETRIES"]),
         "retry_budget_s": options.pop("retry_budget_s", hermes["RETRY_BUDGET_S"]),
+        "model_max_tokens": hermes.get("MODEL_OUTPUT_TOKENS") or {},
     }
     if config.kind == "anthropic":  # the API requires a limit; it has its own
         return AnthropicProvider(

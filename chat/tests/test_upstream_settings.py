@@ -192,3 +192,22 @@ def test_one_answer_may_ask_for_less_than_the_providers_limit(settings):
         asyncio.run(main())
         assert [r.body["max_tokens"] for r in fake.requests] == [8, 64]
     registry.reset()
+
+
+def test_a_model_may_have_an_output_limit_of_its_own(settings):
+    with FakeLLM(models=["m", "small"]) as fake:
+        settings.HERMES = {**settings.HERMES, "MODEL_OUTPUT_TOKENS": {"small": 512}}
+        _providers(settings, fake, max_tokens=64)
+        provider = registry.get_provider("local")
+
+        async def main():
+            for model in ("m", "small"):
+                stream = provider.stream(model, MESSAGES)
+                async with contextlib.aclosing(stream) as items:
+                    async for _ in items:
+                        pass
+            await provider.aclose()
+
+        asyncio.run(main())
+        assert [r.body["max_tokens"] for r in fake.requests] == [64, 512]
+    registry.reset()
