@@ -105,10 +105,12 @@ class FakeLLM:
         self._main: asyncio.Task[None] | None = None
         self._conns: set[asyncio.Task[Any]] = set()
         # Fault switch for `GET /v1/models`: None serves the list; a status
-        # (e.g. 503) answers that error instead. `models_requests` counts GETs.
+        # (e.g. 503) answers that error instead. `models_requests` counts GETs,
+        # `models_answered` the answers sent.
         self.models_fault: int | None = None
         self.models_delay_s = 0.0  # and a pause before answering it
         self.models_requests = 0
+        self.models_answered = 0
         # What llama.cpp's Python server does by default (`interrupt_requests`):
         # any request that arrives while an answer streams ends that answer at
         # once with `data: [DONE]` and no finish reason, in a body without a
@@ -348,6 +350,7 @@ class FakeLLM:
                 for m in self.models
             ]
             await self._send_json(writer, 200, {"object": "list", "data": models})
+            self.models_answered += 1
         elif route == "/v1/models":
             status = 401 if method == "GET" else 405
             problem = error_payload(

@@ -45,7 +45,7 @@ def release_when_listed(fake: FakeLLM, hold: threading.Event, count: int) -> Non
 
     def watch() -> None:
         deadline = time.monotonic() + 30
-        while fake.models_requests < count and time.monotonic() < deadline:
+        while fake.models_answered < count and time.monotonic() < deadline:
             time.sleep(0.01)
         hold.set()
 
@@ -68,7 +68,9 @@ def script_conforming(fake: FakeLLM) -> threading.Event:
     fake.route(
         c.LONG,
         Reply(text=LONG_TEXT),  # stop
-        Reply(text=LONG_TEXT, hold_after_chunks=3, hold=hold),  # listing
+        # The listing: held until it was answered, then paced, so the answer
+        # goes on well after the listing's answer reached the client.
+        Reply(text=LONG_TEXT, hold_after_chunks=3, hold=hold, tokens_per_s=100),
         Reply(text=LONG_TEXT),  # long answer
     )
     fake.route(c.WEATHER, Reply(tool_calls=[WEATHER_CALL]))
