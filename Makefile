@@ -9,7 +9,7 @@ PY := $(VENV)/bin/python
 RUNTIME := $(VENV)/.installed-runtime
 DEV := $(VENV)/.installed-dev
 
-.PHONY: run test lint bench screenshots chromium check-upstream
+.PHONY: run test test-quick soak lint bench screenshots chromium check-upstream
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -40,8 +40,21 @@ run: $(RUNTIME)
 chromium:
 	@test -x /usr/bin/chromium || (apt-get update -qq && apt-get install -y -qq chromium)
 
+# The suite runs in TEST_JOBS processes (pytest-xdist); each has its own
+# database, ports, channel-layer keys, fake model server and Chromium.
+TEST_JOBS ?= 3
+XDIST = -n $(TEST_JOBS)
+
 test: $(DEV) chromium
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The inner loop: no browser, no real processes or outages, no fuzzing.
+test-quick: $(DEV)
+	$(PY) -m pytest $(XDIST) -m "not browser and not chaos and not schemathesis and not slow" $(PYTEST_ARGS)
+
+# The whole suite five times beside a busy core; a table of each run.
+soak: $(DEV) chromium
+	$(PY) -m hermes_testing.soak --runs $(or $(RUNS),5)
 
 # Lint, format and type checks, all at zero findings (CI runs this first).
 lint: $(DEV)

@@ -127,6 +127,7 @@ def test_another_user_cannot_see_or_decide(
     assert _waiting(run_id)
 
 
+@pytest.mark.slow
 def test_a_waiting_run_times_out_with_a_clear_end(
     server, alice, fake_llm, live_worker, asking, settings
 ):
@@ -179,6 +180,7 @@ def test_replay_run_shows_the_pending_request(
     assert lines[-1]["data"]["name"] == "calculator"
 
 
+@pytest.mark.slow
 def test_a_worker_killed_while_the_run_waits_does_not_matter(
     server, alice, fake_llm, asking
 ):

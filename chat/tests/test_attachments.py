@@ -101,6 +101,7 @@ def test_a_type_not_taken_is_refused_by_name(api, name, data, mime, status, need
     assert not Attachment.objects.exists()
 
 
+@pytest.mark.slow
 def test_a_file_over_the_size_limit_is_413_naming_it(api, settings):
     settings.HERMES = {**settings.HERMES, "ATTACHMENT_MAX_BYTES": 100}
     response = put(api, "big.txt", b"x" * 101, "text/plain")

@@ -199,6 +199,7 @@ def raw_get_status(port: int, path: str) -> int:
     return int(head.split()[1])
 
 
+@pytest.mark.slow
 def test_static_dot_dot_under_serve_is_404(transactional_db):
     port = _free_port()
     proc = spawn(

@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import sys
 
+import pytest
 from django.conf import settings as django_settings
 
 from chat.models import Message, Turn
@@ -143,6 +144,7 @@ def test_the_wall_time_limit_stops_a_streaming_run_and_keeps_its_text(
     assert [m.content for m in kept] == [shown]
 
 
+@pytest.mark.slow
 def test_the_wall_time_limit_stops_a_hanging_tool(
     server, alice, fake_llm, live_worker, settings
 ):

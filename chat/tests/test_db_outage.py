@@ -188,6 +188,7 @@ def run_outage(pg, fake, runs: int, down_s: float, how: str, **env):
     return run_ids, went_down, worker.output
 
 
+@pytest.mark.slow
 def test_a_database_outage_longer_than_the_lease_loses_nothing(pg):
     with FakeLLM() as fake:
         run_ids, went_down, output = run_outage(pg, fake, 3, LEASE_S * 2, "stop")
@@ -220,6 +221,7 @@ def test_a_killed_database_loses_nothing_and_writes_nothing_twice(pg):
         assert "".join(p["text"] for _, k, p in events if k == "token") == ANSWER
 
 
+@pytest.mark.slow
 def test_an_outage_beyond_the_bound_fails_the_run_as_database_keeping_its_text(pg):
     with FakeLLM() as fake:
         run_ids, went_down, output = run_outage(
@@ -267,6 +269,7 @@ print(json.dumps([first, settled, float(uptime)]))
 """
 
 
+@pytest.mark.slow
 def test_after_a_restart_no_process_reaps_a_lease_its_worker_could_not_renew(pg):
     """A process that never saw the outage still gives the worker a whole lease."""
     lease_s = 8
@@ -359,6 +362,7 @@ class KeptOpen(threading.Thread):
                 self.closed = True
 
 
+@pytest.mark.slow
 def test_under_daphne_a_websocket_meets_the_outage_with_1013_logged_once(pg, tmp_path):
     """Daphne's own WebSocket handling, not the test server's: a reader's
     reconnect during an outage is told 1013 (try again later), whether it

@@ -292,6 +292,7 @@ def interruptible() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
+@pytest.mark.slow
 def test_management_command_serves_until_interrupted():
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "hermes_site.settings"}
     proc = subprocess.Popen(
@@ -322,6 +323,7 @@ def test_management_command_serves_until_interrupted():
             proc.stdout.close()
 
 
+@pytest.mark.slow
 def test_management_command_speaks_the_anthropic_api_when_asked():
     env = {**os.environ, "DJANGO_SETTINGS_MODULE": "hermes_site.settings"}
     args = ["fake_llm", "--port", "0", "--text", "hi there", "--api", "anthropic"]

@@ -9,6 +9,7 @@ import sys
 import threading
 from datetime import timedelta
 
+import pytest
 from django.conf import settings
 from django.utils import timezone
 
@@ -131,6 +132,7 @@ def spawn_logged(fake_llm) -> tuple[subprocess.Popen, list[str]]:
     return proc, lines
 
 
+@pytest.mark.slow
 def test_a_fenced_worker_logs_one_warning_and_no_traceback(server, alice, fake_llm):
     proc, lines = spawn_logged(fake_llm)
     try:
@@ -159,6 +161,7 @@ def test_a_fenced_worker_logs_one_warning_and_no_traceback(server, alice, fake_l
     assert "Traceback" not in output and "run crashed" not in output
 
 
+@pytest.mark.slow
 def test_a_dead_workers_run_is_settled_within_the_lease_with_no_reader(
     server, alice, fake_llm, settings
 ):

@@ -11,6 +11,7 @@ import json
 from datetime import timedelta
 
 import httpx
+import pytest
 from django.core.management import call_command
 from django.utils import timezone
 
@@ -51,6 +52,7 @@ def test_replayed_sse_frames_are_what_the_stream_sends(server, alice):
     assert body == f"retry: 1000\n\n{sse}"
 
 
+@pytest.mark.slow
 def test_replay_run_follow_attaches_to_a_live_run_and_returns_at_end(
     server, alice, fake_llm, live_worker, fast_readers
 ):

@@ -69,6 +69,7 @@ def test_runs_per_minute_frees_as_the_window_moves(server, alice, settings):
 PARALLEL = 30
 
 
+@pytest.mark.slow
 def test_runs_per_minute_holds_under_parallel_requests(
     server, alice, settings, monkeypatch
 ):
@@ -119,6 +120,7 @@ def test_runs_per_minute_holds_under_parallel_requests(
     assert Message.objects.filter(session__owner=alice[0]).count() == 5
 
 
+@pytest.mark.slow
 def test_runs_started_by_queued_messages_count_and_wait_for_room(
     server, alice, settings, fake_llm, live_worker, asking
 ):
@@ -271,6 +273,7 @@ def test_open_streams_per_user_websocket(server, alice, settings, held_streams):
     wait_until(lambda: limits.open_streams(alice[0].pk) == 2)
 
 
+@pytest.mark.slow
 def test_a_backlog_of_100_runs_does_not_delay_another_users_first_run(
     server, alice, bob, fake_llm, live_worker, settings
 ):

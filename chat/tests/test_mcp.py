@@ -99,6 +99,7 @@ def _offered(request) -> dict[str, dict]:
     return {t["function"]["name"]: t["function"] for t in request.body.get("tools", [])}
 
 
+@pytest.mark.slow
 def test_tools_are_offered_with_schemas_and_called(
     server, alice, fake_llm, live_worker, settings, mcp_entry
 ):
@@ -133,6 +134,7 @@ def test_tools_are_offered_with_schemas_and_called(
     assert [json.loads(e.payload)["result"] for e in journal] == ["42", "echo: hi"]
 
 
+@pytest.mark.slow
 def test_a_hanging_tool_times_out_and_the_server_still_answers(
     server, alice, fake_llm, live_worker, settings, mcp_entry
 ):
@@ -150,6 +152,7 @@ def test_a_hanging_tool_times_out_and_the_server_still_answers(
     assert events[-1][2]["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_huge_output_is_capped_in_the_journal_and_the_history(
     server, alice, fake_llm, live_worker, settings, mcp_entry
 ):
@@ -180,6 +183,7 @@ def test_a_tool_error_is_answered_to_the_model(
     assert events[-1][2]["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_a_crashed_stdio_server_is_an_error_then_restarted(
     server, alice, fake_llm, live_worker, settings
 ):
@@ -211,6 +215,7 @@ def test_the_session_is_kept_for_the_next_run(
     assert one["is_error"] is False and one["result"] == two["result"]
 
 
+@pytest.mark.slow
 def test_approval_policies_per_server_and_per_tool(
     server, alice, fake_llm, live_worker, settings
 ):
@@ -280,6 +285,7 @@ def test_an_unreachable_server_offers_nothing_and_the_run_goes_on(
     assert events[-1][2]["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_a_cancel_stops_a_hanging_tool_at_once(
     server, alice, fake_llm, live_worker, settings
 ):
@@ -303,6 +309,7 @@ def test_a_cancel_stops_a_hanging_tool_at_once(
     assert Message.objects.filter(run_id=run_id, role="tool").count() == 1
 
 
+@pytest.mark.slow
 def test_a_stopping_worker_ends_its_stdio_servers(server, alice, fake_llm, settings):
     from chat.worker import Worker
 
@@ -373,6 +380,7 @@ def test_a_missing_token_variable_is_named_to_the_model(
     assert "the variable HERMES_TEST_MCP_AUTH is not set" in done["result"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGKILL])
 def test_a_worker_process_leaves_no_stdio_server_behind(
     server, alice, fake_llm, monkeypatch, signum
@@ -395,6 +403,7 @@ def test_a_worker_process_leaves_no_stdio_server_behind(
     wait_until(lambda: not process_alive(pid), timeout=30)
 
 
+@pytest.mark.slow
 def test_a_server_that_died_between_runs_is_restarted_before_the_next(
     server, alice, fake_llm, live_worker, settings
 ):

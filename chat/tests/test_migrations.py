@@ -38,6 +38,7 @@ def _old_session_constraint() -> None:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_upgrade_moves_chat_fields_into_turns_and_names_the_subject():
     executor = _migrate(BEFORE)
@@ -96,6 +97,7 @@ def test_upgrade_moves_chat_fields_into_turns_and_names_the_subject():
     assert Run.objects.filter(id=bare.id).exists()
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_downgrade_puts_the_chat_fields_back_on_the_run():
     user_model = ChatSession._meta.get_field("owner").related_model

@@ -324,6 +324,7 @@ def test_cancel_a_queued_message_and_what_others_and_bad_input_get(
     assert ended.status_code == 409 and "no run in progress" in ended.json()["error"]
 
 
+@pytest.mark.slow
 def test_a_queued_message_survives_its_worker_killed_mid_run(
     server, alice, fake_llm, fast_readers
 ):

@@ -33,6 +33,7 @@ from journal.models import Event, Run
 from journal.publish import append_and_publish
 
 
+@pytest.mark.slow
 def test_worker_killed_mid_run_is_settled_as_lost_and_the_next_turn_works(
     server, alice, fake_llm, fast_readers
 ):
@@ -73,6 +74,7 @@ def test_worker_killed_mid_run_is_settled_as_lost_and_the_next_turn_works(
         server.call(worker.stop(grace_s=5))
 
 
+@pytest.mark.slow
 def test_sigterm_stops_claiming_and_settles_what_outlives_the_grace_period(
     server, alice, fake_llm
 ):
@@ -97,6 +99,7 @@ def test_sigterm_stops_claiming_and_settles_what_outlives_the_grace_period(
 HANDOVER_TEXT = "".join(f"w{i} naïve 🙂 " for i in range(200))
 
 
+@pytest.mark.slow
 def test_sigterm_hands_a_run_over_to_the_other_worker_which_finishes_it_once(
     server, alice, fake_llm, tmp_path
 ):
@@ -152,6 +155,7 @@ def test_sigterm_hands_a_run_over_to_the_other_worker_which_finishes_it_once(
     assert "Unclosed" not in log  # the model clients were closed (issue 41.9)
 
 
+@pytest.mark.slow
 def test_sigterm_with_no_other_worker_ends_the_run_resumable_keeping_its_text(
     server, alice, fake_llm, tmp_path
 ):
@@ -185,6 +189,7 @@ def test_sigterm_with_no_other_worker_ends_the_run_resumable_keeping_its_text(
     assert "Unclosed" not in (tmp_path / "last.log").read_text()
 
 
+@pytest.mark.slow
 def test_a_run_handed_to_a_worker_that_does_not_take_it_is_ended_not_stranded(
     server, alice, fake_llm
 ):
@@ -222,6 +227,7 @@ def test_a_run_handed_to_a_worker_that_does_not_take_it_is_ended_not_stranded(
     assert kept == LONG[:18] == journal_text(run_id=run_id)
 
 
+@pytest.mark.slow
 def test_serve_closes_the_model_clients_of_its_worker_on_sigterm(
     alice, fake_llm, tmp_path
 ):
@@ -261,6 +267,7 @@ def _answers(url: str) -> bool:
         return False
 
 
+@pytest.mark.slow
 def test_sigterm_hands_a_responses_run_over_to_re_attach_not_regenerate(
     server, alice, fake_llm, fast_readers, settings
 ):
@@ -300,6 +307,7 @@ def test_sigterm_hands_a_responses_run_over_to_re_attach_not_regenerate(
         assert len(responses.of_kind("GET")) == 1
 
 
+@pytest.mark.slow
 def test_paused_worker_that_lost_its_lease_cannot_append_after_the_reaper(
     server, alice, fake_llm
 ):

@@ -56,6 +56,7 @@ def served(fake_llm):
         proc.wait(30)
 
 
+@pytest.mark.slow
 def test_readme_api_example_pastes_and_streams_the_run(alice, fake_llm, served):
     fake_llm.push(Reply(text="Hello from the example."))
     other = ChatSession.objects.create(owner=alice[0], title="not this one")

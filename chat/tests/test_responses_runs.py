@@ -46,6 +46,7 @@ def journal(run_id: str, kind: str) -> list[dict]:
     return [json.loads(payload) for payload in rows.values_list("payload", flat=True)]
 
 
+@pytest.mark.slow
 def test_a_cut_mid_answer_is_re_attached_not_regenerated(
     server, alice, responses, live_worker, monkeypatch
 ):
@@ -98,6 +99,7 @@ def test_stop_cancels_the_response_upstream(server, alice, responses, live_worke
     assert stored.cancelled_at is not None and cancel.path.split("/")[3] == stored.id
 
 
+@pytest.mark.slow
 def test_a_worker_killed_mid_answer_is_re_attached_by_the_next_worker(
     server, alice, responses, fake_llm, fast_readers, settings
 ):

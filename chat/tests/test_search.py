@@ -45,6 +45,7 @@ def test_finds_words_in_message_text_not_only_titles(api, alice):
     assert [h["role"] for h in found(api, "minutes")] == ["assistant"]
 
 
+@pytest.mark.slow
 def test_a_very_long_answer_is_saved_and_found_by_its_beginning(api, alice):
     """PostgreSQL refuses a tsvector past 1 MiB: indexing a whole 3 MiB answer
     of distinct words refused the answer itself."""

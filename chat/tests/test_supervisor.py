@@ -5,6 +5,8 @@ import os
 import signal
 from pathlib import Path
 
+import pytest
+
 from hermes_testing.api import stream
 from hermes_testing.harness import process_alive, wait_until
 from hermes_testing.workers import spawn_worker, start_slow_run
@@ -34,6 +36,7 @@ def beating(pid: int) -> bool:
     return WorkerHeartbeat.objects.filter(worker_id__contains=f":{pid}:").exists()
 
 
+@pytest.mark.slow
 def test_a_killed_worker_process_is_replaced_and_sigterm_stops_them_all(
     server, alice, fake_llm
 ):

@@ -144,6 +144,7 @@ def test_deleting_the_chat_deletes_its_title_run(
     assert not Run.objects.filter(subject=title_subject(session_id)).exists()
 
 
+@pytest.mark.slow
 def test_the_demo_model_titles_a_chat_too(
     server, alice, fake_llm, live_worker, titles_on
 ):

@@ -60,6 +60,7 @@ def gil_bomb_tool(settings):
     tools.unregister("gil_bomb")
 
 
+@pytest.mark.slow
 def test_server_answers_while_a_runaway_tool_runs_and_the_tool_is_killed(
     server, alice, fake_llm, live_worker, gil_bomb_tool
 ):

@@ -55,6 +55,7 @@ def test_markdown_export_reads_as_a_transcript(api, rich_session):  # noqa: F811
     assert '2 — 🦊 "quoted"\n\ttabbed' in text
 
 
+@pytest.mark.slow
 def test_export_of_another_users_session_is_404(bob, rich_session):  # noqa: F811
     client = APIClient()
     client.force_authenticate(bob[0])

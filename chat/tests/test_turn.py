@@ -293,6 +293,7 @@ def test_content_cap_fails_the_stream(fake):
     assert 10 < len(result.content) <= 14  # stopped at the chunk that crossed it
 
 
+@pytest.mark.slow
 def test_time_cap_fails_the_stream_and_closes_it(fake):
     fake.push(Reply(text="Hello world", stall_after_chars=5))
     # The cap must fire after "Hello" arrived, however busy the machine is.

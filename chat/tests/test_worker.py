@@ -6,6 +6,7 @@ See docs/architecture.md §6.
 import time
 
 import httpx
+import pytest
 
 from chat.models import ChatSession, Message, Turn
 from hermes_testing.api import (
@@ -163,6 +164,7 @@ def test_auth_failure_fails_at_once(server, alice, fake_llm, live_worker):
     wait_until(lambda: live_worker.active_provider_requests == 0)
 
 
+@pytest.mark.slow
 def test_rate_limit_then_success_is_retried_with_retry_after(
     server, alice, fake_llm, live_worker
 ):

@@ -5,6 +5,7 @@
 import re
 
 import httpx
+import pytest
 
 from hermes_testing.api import new_session, start_run, stream, text_of
 from hermes_testing.fake_llm import Reply
@@ -30,6 +31,7 @@ def scrape(url: str) -> tuple[dict[str, float], str]:
     return samples, response.text
 
 
+@pytest.mark.slow
 def test_a_worker_process_serves_the_metrics_of_the_turns_it_ran(
     server, alice, fake_llm, tmp_path
 ):

@@ -41,6 +41,7 @@ def _databases(url: str) -> set[str]:
     return {name for (name,) in rows}
 
 
+@pytest.mark.slow
 def test_scaleout_bench_makes_and_removes_only_its_own_database_and_keys(bench):
     common, pg, rd = bench
     with psycopg.connect(pg.url, autocommit=True) as conn:

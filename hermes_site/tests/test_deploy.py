@@ -47,6 +47,7 @@ def manage(*args: str, env: dict, umask: int | None = None):
     )
 
 
+@pytest.mark.slow
 def test_check_deploy_is_clean_with_the_documented_settings(tmp_path):
     private = {"HERMES_VAR_DIR": str(tmp_path)}
     done = manage(
@@ -65,6 +66,7 @@ def mode(path) -> int:
     return stat.S_IMODE(os.stat(path).st_mode)
 
 
+@pytest.mark.slow
 def test_database_and_secret_key_are_created_0600_even_with_umask_0(tmp_path):
     db = tmp_path / "db.sqlite3"
     env = {
@@ -80,6 +82,7 @@ def test_database_and_secret_key_are_created_0600_even_with_umask_0(tmp_path):
         assert mode(extra) == 0o600, extra.name
 
 
+@pytest.mark.slow
 @pytest.mark.django_db(transaction=True)
 def test_exports_are_created_0600(tmp_path, alice):
     session = ChatSession.objects.create(owner=alice[0], title="private")

@@ -33,6 +33,7 @@ def login(server, path: str, username: str, password: str) -> httpx.Response:
         )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", ["/accounts/login/", "/admin/login/"])
 def test_repeated_wrong_passwords_lock_that_account_out(
     server, transactional_db, django_user_model, path
@@ -53,6 +54,7 @@ def test_repeated_wrong_passwords_lock_that_account_out(
     assert login(server, path, "other", PASSWORD).status_code == 302
 
 
+@pytest.mark.slow
 def test_a_success_before_the_limit_resets_the_count(
     server, transactional_db, django_user_model
 ):
@@ -104,6 +106,7 @@ def test_signup_refuses_weak_passwords(
 BURST = 12
 
 
+@pytest.mark.slow
 def test_a_parallel_burst_gets_at_most_the_limit_of_guesses(
     server, transactional_db, django_user_model, monkeypatch
 ):

@@ -273,6 +273,7 @@ def daphne_port(transactional_db, tmp_path):
         daphne.wait(20)
 
 
+@pytest.mark.slow
 def test_daphne_refuses_declared_and_chunked_bodies_and_stalls(daphne_port):
     _assert_too_large(
         declared_over(daphne_port, "/api/attachments/", 1024 * MiB),
@@ -298,6 +299,7 @@ def test_daphne_refuses_declared_and_chunked_bodies_and_stalls(daphne_port):
         assert answer.status_code == 403 and "credentials" in answer.text
 
 
+@pytest.mark.slow
 def test_daphne_stops_taking_a_large_upload_at_the_bound(daphne_port):
     """A 96 MiB upload (chunked) is not read past the upload's bound: the
     server stops taking it, and answers 413 if the client reads. (What the
@@ -320,6 +322,7 @@ def test_daphne_stops_taking_a_large_upload_at_the_bound(daphne_port):
         assert answer.status == 413
 
 
+@pytest.mark.slow
 def test_daphne_answers_a_header_line_over_16_kib(daphne_port):
     with _connect(daphne_port) as sock:
         sock.sendall(

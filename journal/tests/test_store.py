@@ -178,6 +178,7 @@ def test_append_many_stores_any_text_exactly_and_numbers_each_run_on(alice, know
         assert Run.objects.get(id=run.id).last_seq == len(stored)
 
 
+@pytest.mark.slow
 def test_the_database_writes_a_page_out_as_the_frames_of_its_records(alice):
     """`read_frames` is `read_after` encoded by `wire.SSE`, byte for byte, in
     seq order, whatever the payloads hold; it says where the page ends and

@@ -468,6 +468,7 @@ def test_a_run_that_ends_while_read_is_followed_to_its_end(
     assert asyncio.run(main()) == list(range(after_seq + 1, 6))
 
 
+@pytest.mark.slow
 def test_idle_readers_keep_their_own_keepalive_interval_on_one_timer(
     alice, fast_readers
 ):
