@@ -85,6 +85,7 @@ def admin_urls(data) -> list[str]:
     ]
 
 
+@pytest.mark.slow
 def test_admin_pages_render_for_a_superuser_and_show_no_secret(
     client, root, chat_data, alice
 ):
@@ -121,12 +122,14 @@ def test_admin_pages_render_for_a_superuser_and_show_no_secret(
     assert chat_data["run"].id in listed
 
 
+@pytest.mark.slow
 def test_admin_is_forbidden_to_a_plain_user_and_to_staff_without_permissions(
     client, chat_data, alice, django_user_model
 ):
     assert_closed_to_others(client, admin_urls(chat_data), alice[0], django_user_model)
 
 
+@pytest.mark.slow
 def test_run_changelist_queries_do_not_grow_with_the_rows_shown(
     client, root, alice, bob
 ):
@@ -179,6 +182,7 @@ def test_settle_action_ends_a_running_run_once_and_keeps_its_partial(
     assert Run.objects.get(id=done.id).terminal_state == "completed"
 
 
+@pytest.mark.slow
 def test_cancel_action_settles_a_queued_run_and_flags_a_running_one(
     client, root, alice
 ):

@@ -369,6 +369,7 @@ def claude(settings, fake_llm, monkeypatch):
         yield server
 
 
+@pytest.mark.slow
 def test_a_run_on_an_anthropic_model_streams_and_keeps_its_answer(
     server, alice, claude, live_worker
 ):

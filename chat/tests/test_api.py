@@ -89,6 +89,7 @@ def test_messages_are_paginated_in_order(api, session):
     assert "active_run" not in second
 
 
+@pytest.mark.slow
 def test_session_snapshot_is_bounded_and_reading_it_changes_nothing(
     api, alice, session
 ):

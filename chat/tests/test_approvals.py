@@ -56,6 +56,7 @@ def _ids_in_order(events: list) -> None:
     assert seqs == list(range(1, len(seqs) + 1))
 
 
+@pytest.mark.slow
 def test_approve_runs_the_tool_and_the_answer_goes_on(
     server, alice, fake_llm, live_worker, asking
 ):
@@ -113,6 +114,7 @@ def test_deny_answers_the_model_the_denial_with_the_note(
     assert events[-1][2]["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_another_user_cannot_see_or_decide(
     server, alice, bob, fake_llm, live_worker, asking
 ):
@@ -243,6 +245,7 @@ def _waiting_turn(owner) -> Run:
 @pytest.mark.parametrize(
     ("action", "decision"), [("approve_pending", "approve"), ("deny_pending", "deny")]
 )
+@pytest.mark.slow
 def test_the_admin_decides_a_waiting_run(client, root, alice, action, decision):
     run = _waiting_turn(alice[0])
     page = client.get(reverse("admin:journal_run_change", args=[run.id]))
@@ -350,6 +353,7 @@ def _each_call_announced_first(events: list) -> list[str]:
 @pytest.mark.parametrize(
     "again", ["6*7", "2**10"], ids=["the-same-call-again", "other-arguments"]
 )
+@pytest.mark.slow
 def test_an_approval_does_not_carry_over_to_a_later_step_reusing_the_id(
     server, alice, fake_llm, live_worker, asking, again
 ):

@@ -310,6 +310,7 @@ INLINED = (
 )
 
 
+@pytest.mark.slow
 def test_openai_gets_text_inlined_and_image_url_parts(
     server, alice, fake_llm, live_worker, settings
 ):
@@ -369,6 +370,7 @@ def claude(settings, fake_llm, monkeypatch):
         yield server
 
 
+@pytest.mark.slow
 def test_anthropic_gets_base64_image_blocks(server, alice, claude, live_worker):
     claude.push(AnthropicReply(text="A gradient."))
     events = run_with_files(
@@ -474,6 +476,7 @@ def test_an_older_export_without_attachments_still_imports(alice):
 # --- the admin and the demo model ----------------------------------------------------
 
 
+@pytest.mark.slow
 def test_the_admin_lists_attachments_under_their_message_without_bytes(
     root, client, alice
 ):

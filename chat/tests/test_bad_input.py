@@ -100,6 +100,7 @@ def test_deeply_nested_json_is_400(server, alice, method, path):
     assert Message.objects.count() == 0
 
 
+@pytest.mark.slow
 def test_forged_message_cursor_is_404_not_500(server, alice):
     session = ChatSession.objects.create(owner=alice[0])
     Message.objects.create(session=session, role="user", content="hi")
@@ -130,6 +131,7 @@ def test_nul_in_a_run_id_or_query_is_a_4xx(server, alice):
     assert (frames, code) == ([], 4404)
 
 
+@pytest.mark.slow
 def test_nul_in_an_admin_search_is_400(server, transactional_db, django_user_model):
     root = django_user_model.objects.create_superuser("root", "r@x.org", "pw-root99!")
     client = httpx.Client(base_url=server.url)
@@ -154,6 +156,7 @@ def test_nul_in_an_admin_search_is_400(server, transactional_db, django_user_mod
     ["99999999999999999999", HUGE, "-5", "²"],
     ids=["20-digits", *BAD_IDS[3:], "negative", "superscript"],
 )
+@pytest.mark.slow
 def test_overflowing_admin_page_numbers_do_not_500(
     server, alice, django_user_model, page
 ):

@@ -48,6 +48,7 @@ def _end(events: list) -> dict:
     return events[-1][2]
 
 
+@pytest.mark.slow
 def test_steps_are_shown_and_the_last_step_is_offered_no_tools(
     server, alice, fake_llm, live_worker, settings
 ):
@@ -95,6 +96,7 @@ def test_calls_past_the_tool_call_budget_are_refused(
     assert _end(events)["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_a_model_past_the_tool_call_budget_ends_the_run(
     server, alice, fake_llm, live_worker, settings
 ):
@@ -129,6 +131,7 @@ def test_a_finished_answer_stands_past_the_token_budget(
     assert _end(events)["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_the_wall_time_limit_stops_a_streaming_run_and_keeps_its_text(
     server, alice, fake_llm, live_worker, settings
 ):

@@ -77,6 +77,7 @@ def script_conforming(fake: FakeLLM) -> threading.Event:
     return hold
 
 
+@pytest.mark.slow
 def test_a_server_that_does_everything_hermes_wants(fake_llm):
     cut = c.CUT_CHARS
     hold = script_conforming(fake_llm)

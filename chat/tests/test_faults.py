@@ -44,6 +44,7 @@ def assert_whole(run_id: str) -> None:
     assert Event.objects.get(run_id=run_id, seq=seqs[-1]).type == "end"
 
 
+@pytest.mark.slow
 def test_bad_provider_data_is_cleaned_and_other_users_runs_stream_on(
     server, alice, bob, fake_llm, live_worker
 ):
@@ -79,6 +80,7 @@ def test_bad_provider_data_is_cleaned_and_other_users_runs_stream_on(
         assert kept_text(run_id) == journal_text(run_id=run_id)
 
 
+@pytest.mark.slow
 def test_a_run_whose_executor_raises_is_settled_at_once_as_worker_error(
     server, alice, fake_llm, live_worker
 ):
@@ -195,6 +197,7 @@ def test_a_dead_workers_run_is_settled_within_the_lease_with_no_reader(
     )
 
 
+@pytest.mark.slow
 def test_a_claim_whose_answer_was_lost_is_adopted_and_run(
     server, alice, fake_llm, live_worker
 ):

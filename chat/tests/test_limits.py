@@ -159,6 +159,7 @@ def test_runs_started_by_queued_messages_count_and_wait_for_room(
     assert started.get().delivered_run_id not in first_three
 
 
+@pytest.mark.slow
 def test_sessions_per_user(server, alice, bob, settings):
     _limited(settings, USER_MAX_SESSIONS=2)
     new_session(server, alice[1])
@@ -171,6 +172,7 @@ def test_sessions_per_user(server, alice, bob, settings):
     new_session(server, bob[1])
 
 
+@pytest.mark.slow
 def test_request_rate(server, alice, bob, settings):
     _limited(settings, USER_REQUEST_RATE="5/min")
     with httpx.Client(base_url=server.url, headers=alice[1]) as client:
@@ -222,6 +224,7 @@ def held_streams():
         open_stream.stop()
 
 
+@pytest.mark.slow
 def test_open_streams_per_user_sse(server, alice, bob, settings, held_streams):
     _limited(settings, USER_MAX_STREAMS=2, SSE_KEEPALIVE_S=0.2)
     session = session_create(owner=alice[0])

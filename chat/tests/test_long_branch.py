@@ -77,6 +77,7 @@ def long_session(alice, low_sqlite_limit):
     return session, ids, run
 
 
+@pytest.mark.slow
 def test_every_read_and_select_of_a_long_branch_answers(api, long_session):
     session, ids, run = long_session
     assert Tree.of_session(session.pk).active_path() == ids

@@ -167,6 +167,7 @@ def test_huge_output_is_capped_in_the_journal_and_the_history(
     assert Run.objects.get(id=run_id).status == "completed"
 
 
+@pytest.mark.slow
 def test_a_tool_error_is_answered_to_the_model(
     server, alice, fake_llm, live_worker, settings, mcp_entry
 ):
@@ -203,6 +204,7 @@ def test_a_crashed_stdio_server_is_an_error_then_restarted(
     assert events[-1][2]["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_the_session_is_kept_for_the_next_run(
     server, alice, fake_llm, live_worker, settings
 ):
@@ -269,6 +271,7 @@ def test_approval_policies_per_server_and_per_tool(
     assert events[-1][2]["status"] == "completed"
 
 
+@pytest.mark.slow
 def test_an_unreachable_server_offers_nothing_and_the_run_goes_on(
     server, alice, fake_llm, live_worker, settings
 ):
@@ -341,6 +344,7 @@ def guarded_server_url():
     proc.wait(10)
 
 
+@pytest.mark.slow
 def test_an_http_server_gets_its_token_from_the_environment(
     server, alice, fake_llm, live_worker, settings, monkeypatch, guarded_server_url
 ):
@@ -364,6 +368,7 @@ def test_an_http_server_gets_its_token_from_the_environment(
     assert "t0ken" not in json.dumps(events)
 
 
+@pytest.mark.slow
 def test_a_missing_token_variable_is_named_to_the_model(
     server, alice, fake_llm, live_worker, settings, monkeypatch, guarded_server_url
 ):

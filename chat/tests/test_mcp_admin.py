@@ -5,6 +5,7 @@ left out; for superusers only."""
 import socket
 import sys
 
+import pytest
 from django.conf import settings as django_settings
 
 SECRET = "s3cret-value-of-the-env"
@@ -16,6 +17,7 @@ def _closed_port() -> int:
         return sock.getsockname()[1]
 
 
+@pytest.mark.slow
 def test_the_page_lists_servers_and_their_tools_without_secrets(admin_client, settings):
     url = f"http://user:hunter22@127.0.0.1:{_closed_port()}/mcp"
     settings.HERMES = {

@@ -58,6 +58,7 @@ def run_on(server, headers, model: str, content: str) -> list:
     return stream(server, headers, response.json()["run_id"])
 
 
+@pytest.mark.slow
 def test_the_next_run_follows_the_route_chosen_in_the_admin(
     server, alice, providers, live_worker, client, root
 ):

@@ -105,6 +105,7 @@ def test_pages_require_login(client, path):
     assert response.url.startswith("/accounts/login/?next=")
 
 
+@pytest.mark.slow
 @pytest.mark.django_db
 def test_login_then_chat_page_then_logout(client, django_user_model):
     django_user_model.objects.create_user("ann", password=PASSWORD)

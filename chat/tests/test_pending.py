@@ -177,6 +177,7 @@ def gated_tool(settings, tmp_path):
     tools.unregister("gated")
 
 
+@pytest.mark.slow
 def test_a_steer_sent_while_a_tool_runs_lands_before_the_next_model_call(
     server, alice, fake_llm, live_worker, gated_tool
 ):
@@ -287,6 +288,7 @@ def test_a_steer_the_run_never_reached_starts_the_next_turn(
     )
 
 
+@pytest.mark.slow
 def test_cancel_a_queued_message_and_what_others_and_bad_input_get(
     server, alice, bob, fake_llm, live_worker, asking
 ):

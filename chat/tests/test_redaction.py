@@ -61,6 +61,7 @@ def keyed_fake(fake_llm, monkeypatch, settings):
     return fake_llm
 
 
+@pytest.mark.slow
 def test_echoed_key_reaches_no_reader(server, alice, keyed_fake, live_worker):
     headers = alice[1]
     session = httpx.post(f"{server.url}/api/sessions/", json={}, headers=headers)

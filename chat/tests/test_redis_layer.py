@@ -153,6 +153,7 @@ def test_a_burst_is_read_with_a_blocking_pop_and_takes_only(redis_url):
     assert left == 0
 
 
+@pytest.mark.slow
 def test_a_blocking_pop_that_times_out_is_waited_again(redis_url):
     async def go():
         layer, connection = await _counted(redis_url)

@@ -4,6 +4,7 @@ person's decision, which a tool message does not keep (`tool_outcomes` of
 `GET /api/sessions/<id>/`)."""
 
 import httpx
+import pytest
 
 from hermes_testing.api import (
     CALCULATOR_STEP,
@@ -44,6 +45,7 @@ def test_a_denied_call_is_listed_denied_with_its_note(
     }
 
 
+@pytest.mark.slow
 def test_failed_calls_are_listed_and_calls_that_ran_are_not(
     server, alice, fake_llm, live_worker
 ):

@@ -85,6 +85,7 @@ def test_a_cut_mid_answer_is_re_attached_not_regenerated(
     assert cursors and {c["response_id"] for c in cursors} == set(responses.stored)
 
 
+@pytest.mark.slow
 def test_stop_cancels_the_response_upstream(server, alice, responses, live_worker):
     responses.push(ResponsesReply(text=LONG, chunk_chars=2, tokens_per_s=40))
     _session_id, run_id = start(server, alice)

@@ -167,6 +167,7 @@ def test_notification_stream_ends_when_the_token_is_rotated(server, alice):
     assert ends_soon(reader) < CLOSED_WITHIN_S
 
 
+@pytest.mark.slow
 def test_valid_credentials_stream_to_the_end_across_many_checks(server, alice):
     run = running_run(alice[0])
     sse = sse_reader(server, run, alice[1])
@@ -253,6 +254,7 @@ def stock_server(django_db_setup, django_db_blocker):
         srv.stop()
 
 
+@pytest.mark.slow
 def test_behind_djangos_own_handler_a_stream_still_ends_when_its_token_goes(
     stock_server, alice
 ):
@@ -269,6 +271,7 @@ def test_behind_djangos_own_handler_a_stream_still_ends_when_its_token_goes(
     wait_until(lambda: limits.open_streams(user.pk) == 0)
 
 
+@pytest.mark.slow
 def test_a_check_that_fails_keeps_the_streams_watched(server, alice, monkeypatch):
     """A check that raises (a bug, not an outage) is logged and tried again:
     the shared check must not die with it, leaving the credential's streams

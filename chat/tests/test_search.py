@@ -55,6 +55,7 @@ def test_a_very_long_answer_is_saved_and_found_by_its_beginning(api, alice):
     assert [h["session_title"] for h in found(api, "aardvark")] == ["Long"]
 
 
+@pytest.mark.slow
 def test_only_own_unarchived_sessions_and_conversation_text(api, alice, bob):
     owner = alice[0]
     mine = chat(owner, "Mine", "the secret word is walrus")
@@ -94,6 +95,7 @@ def test_query_syntax_is_plain_words(api, alice):
     assert found(api, "   ") == [] and found(api, "") == []
 
 
+@pytest.mark.slow
 def test_edits_and_deletes_are_seen(api, alice):
     session = chat(alice[0], "Edits", "first draft about otters")
     message = session.messages.get()

@@ -29,6 +29,7 @@ def usage(api) -> dict:
     return response.json()
 
 
+@pytest.mark.slow
 def test_edits_keep_one_copy_of_the_files(api, session, settings):
     pk = uploaded(api, "big.txt", FILE)
     assert send(api, session, content="v1", attachments=[pk]).status_code == 201
@@ -119,6 +120,7 @@ def test_a_file_stored_before_sharing_counts_and_is_shared_on_edit(api, session,
     assert base64.b64decode(lines[0]["attachments"][0]["data"]) == b"old"
 
 
+@pytest.mark.slow
 def test_others_files_do_not_count(api, bob, session):
     from rest_framework.test import APIClient
 

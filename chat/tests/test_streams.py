@@ -163,6 +163,7 @@ def test_reader_attached_mid_run_and_a_second_reader_get_identical_whole_runs(
     assert text == "".join(f"w{i} " for i in range(200))
 
 
+@pytest.mark.slow
 def test_reconnecting_twenty_times_with_last_event_id_gets_every_seq_once(
     server, alice
 ):
@@ -226,6 +227,7 @@ async def _has_hub(run_id: str) -> bool:
     return run_id in hubs()
 
 
+@pytest.mark.slow
 def test_a_run_whose_lease_expired_is_settled_for_a_waiting_reader(
     server, alice, fast_readers
 ):
@@ -245,6 +247,7 @@ def test_a_run_whose_lease_expired_is_settled_for_a_waiting_reader(
 # --- authorisation and bad input ---------------------------------------------
 
 
+@pytest.mark.slow
 def test_other_users_and_unknown_runs_are_404_everywhere(server, alice, bob):
     run = finished_run(server, alice[0])
     for path in ("events/", "events.json", "", "cancel/"):

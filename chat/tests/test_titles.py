@@ -30,6 +30,7 @@ def _title_run(session_id: int) -> Run:
     return Run.objects.get(subject=title_subject(session_id))
 
 
+@pytest.mark.slow
 def test_first_answer_brings_a_title_run_journaled_and_out_of_the_transcript(
     server, alice, fake_llm, live_worker, titles_on
 ):
@@ -285,6 +286,7 @@ def _chat_title(run: Run) -> str:
         ("I'm sorry, but I can't help with naming this conversation.", FALLBACK),
     ],
 )
+@pytest.mark.slow
 def test_a_models_answer_is_cleaned_or_replaced_by_the_questions_words(
     server, alice, fake_llm, live_worker, titles_on, answer, title
 ):
@@ -325,6 +327,7 @@ def test_a_title_run_stops_reading_a_long_answer(
         held.set()
 
 
+@pytest.mark.slow
 def test_a_slow_title_run_gives_up_and_names_the_chat_after_the_question(
     server, alice, fake_llm, live_worker, titles_on, monkeypatch
 ):

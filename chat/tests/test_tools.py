@@ -195,6 +195,7 @@ def flawed_tools():
         tools.unregister(name)
 
 
+@pytest.mark.slow
 def test_a_runaway_tool_is_killed_at_its_timeout(flawed_tools):
     result, is_error = call("gil_bomb", enabled=flawed_tools, timeout=1)
     assert is_error and result == "error: gil_bomb took longer than 1 s and was stopped"
@@ -261,6 +262,7 @@ def test_cancelling_a_call_kills_its_process(settings, tmp_path):
         toolpool.shutdown()
 
 
+@pytest.mark.slow
 def test_each_call_has_an_id_of_its_own_in_the_run_and_the_model_gets_its_own(
     server, alice, fake_llm, live_worker
 ):

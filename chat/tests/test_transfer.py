@@ -172,6 +172,7 @@ HEAD = '{"type": "session", "format": "hermes-session", "version": 1, "title": "
         ),
     ],
 )
+@pytest.mark.slow
 def test_import_rejects_bad_files_and_keeps_nothing(tmp_path, alice, content, error):
     path = tmp_path / "bad.jsonl"
     path.write_text(content, encoding="utf-8")

@@ -67,6 +67,7 @@ def test_export_in_an_unknown_format_is_400(api, rich_session):  # noqa: F811
     assert response.status_code == 400 and "json, markdown" in response.json()["error"]
 
 
+@pytest.mark.slow
 def test_import_of_an_export_makes_the_callers_copy(api, bob, rich_session):  # noqa: F811
     exported = content(api.get(export_url(rich_session)))
     client = APIClient()
@@ -130,6 +131,7 @@ def test_export_and_import_need_login(rich_session):  # noqa: F811
     assert ChatSession.objects.count() == 1
 
 
+@pytest.mark.slow
 def test_the_server_streams_a_long_export_and_takes_it_back(server, alice):
     """Through the ASGI server: the export is sent in pieces as it is read
     (no Content-Length, several body messages), is the command's file, and

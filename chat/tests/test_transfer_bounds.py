@@ -347,6 +347,7 @@ def deep(levels: int) -> str:
     ],
     ids=lambda value: str(value)[-40:],
 )
+@pytest.mark.slow
 def test_bad_input_is_400_naming_it_and_keeps_nothing(api, raw, needle):
     response = post(api, raw)
     assert response.status_code == 400, response.content[:300]
@@ -391,6 +392,7 @@ def test_search_page_that_is_no_ascii_number_is_400(api, page):
     assert "`page` must be a whole number from 1 to 50" in response.json()["error"]
 
 
+@pytest.mark.slow
 def test_an_import_of_another_user_is_not_shown_to_them(api, bob, monkeypatch):
     """A hidden import is no one's: not even reachable by its id for others."""
     client = APIClient()

@@ -8,6 +8,8 @@ import asyncio
 import contextlib
 import time
 
+import pytest
+
 from chat.providers import registry
 from chat.providers.base import ProviderError
 from hermes_testing.api import new_session, start_run, stream, text_of
@@ -91,6 +93,7 @@ def test_a_retry_after_past_the_budget_fails_at_once_and_says_why(settings):
     registry.reset()
 
 
+@pytest.mark.slow
 def test_an_answer_cut_at_its_output_limit_says_so(
     server, alice, fake_llm, live_worker
 ):

@@ -118,6 +118,7 @@ def test_cut_stream_every_time_fails_then_next_turn_sends_each_fragment_once(
     wait_until(lambda: live_worker.active_provider_requests == 0)
 
 
+@pytest.mark.slow
 def test_cancel_of_a_stalled_stream_closes_the_provider_connection(
     server, alice, fake_llm, live_worker
 ):
@@ -198,6 +199,7 @@ def test_stream_dying_before_content_is_reopened_silently(
     assert Turn.objects.get(run_id=run_id).diagnostics["transparent_retries"] == 1
 
 
+@pytest.mark.slow
 def test_tool_call_step_then_answer(server, alice, fake_llm, live_worker):
     fake_llm.push(CALCULATOR_STEP, Reply(text="It is 42."))
     session_id = new_session(server, alice[1])
@@ -216,6 +218,7 @@ def test_tool_call_step_then_answer(server, alice, fake_llm, live_worker):
     assert roles == ["user", "assistant", "tool", "assistant"]
 
 
+@pytest.mark.slow
 def test_second_run_while_one_is_active_is_409_and_idempotency_key_reuses(
     server, alice, fake_llm, live_worker
 ):

@@ -316,6 +316,7 @@ def test_a_run_that_outruns_the_journal_fails_naming_that_cause(
     assert "database" not in end["error"]["message"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("count", [2, 4])
 def test_a_crowd_ticks_in_cohorts_each_once_per_interval(
     alice, bob, monkeypatch, committer_sleeps, count

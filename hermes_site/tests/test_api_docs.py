@@ -25,6 +25,7 @@ def test_docs_and_schema_need_login(server, transactional_db):
     assert httpx.get(f"{server.url}/api/schema/").status_code in (401, 403)
 
 
+@pytest.mark.slow
 def test_docs_load_everything_from_this_site_under_the_csp(server, alice):
     cookie = session_cookie(alice[0])
     page = httpx.get(f"{server.url}/api/docs/", headers=cookie)

@@ -86,6 +86,7 @@ def test_scaleout_bench_makes_and_removes_only_its_own_database_and_keys(bench):
     keys.close()
 
 
+@pytest.mark.slow
 def test_bench_refuses_to_drop_what_it_did_not_create(bench):
     common, pg, rd = bench
     with psycopg.connect(pg.url, autocommit=True) as conn:

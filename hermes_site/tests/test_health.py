@@ -106,6 +106,7 @@ IN_FLIGHT = "hermes_provider_requests_in_flight"
 OPENAI_REQUESTS = 'hermes_provider_requests_total{provider="openai"}'
 
 
+@pytest.mark.slow
 def test_metrics_counters_move_when_a_run_streams(server, alice, fake_llm, live_worker):
     before = scrape(server.url)
     fake_llm.push(Reply(text="Counted, every word."))
@@ -127,6 +128,7 @@ def test_metrics_counters_move_when_a_run_streams(server, alice, fake_llm, live_
     )  # its first beat
 
 
+@pytest.mark.slow
 def test_metrics_gauges_follow_a_stalled_stream_and_its_reader(
     server, alice, fake_llm, live_worker, fast_readers
 ):
@@ -194,6 +196,7 @@ def _burn() -> None:
         pass
 
 
+@pytest.mark.slow
 def test_healthz_stays_healthy_under_cpu_load(server, live_worker):
     """Busy CPUs make checks slower, not failed: no 503 for load alone."""
     import multiprocessing

@@ -89,6 +89,7 @@ def signup(server, username: str, password: str) -> httpx.Response:
         ("dora", "x7#kq", "too short"),
     ],
 )
+@pytest.mark.slow
 def test_signup_refuses_weak_passwords(
     server, transactional_db, django_user_model, username, password, needle
 ):

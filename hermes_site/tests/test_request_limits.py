@@ -181,6 +181,7 @@ def test_a_chunked_body_is_refused_once_past_the_bound(
     )
 
 
+@pytest.mark.slow
 def test_a_body_that_stops_arriving_is_answered_408(
     server, transactional_db, small_bounds
 ):

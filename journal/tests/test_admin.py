@@ -31,6 +31,7 @@ def finished_run(owner, *, events: int = 3, subject: str = "") -> Run:
     return run
 
 
+@pytest.mark.slow
 def test_the_journal_is_read_only(client, root, journal_data):
     run = journal_data["run"]
     event = Event.objects.filter(run_id=run.id).first()
@@ -111,6 +112,7 @@ def test_admin_pages_render_for_a_superuser_and_show_no_secret(
     assert run.id in listed and run.id in filtered and other.id not in filtered
 
 
+@pytest.mark.slow
 def test_admin_is_forbidden_to_a_plain_user_and_to_staff_without_permissions(
     client, journal_data, alice, django_user_model
 ):
@@ -119,6 +121,7 @@ def test_admin_is_forbidden_to_a_plain_user_and_to_staff_without_permissions(
     )
 
 
+@pytest.mark.slow
 def test_run_changelist_queries_do_not_grow_with_the_rows_shown(
     client, root, alice, bob
 ):
@@ -193,6 +196,7 @@ def test_a_long_run_shows_its_first_events_and_links_to_the_rest(client, root, a
     assert client.get(f"{link}?limit=x").status_code == 400
 
 
+@pytest.mark.slow
 def test_event_changelist_never_counts_the_journal(client, root, alice):
     run = finished_run(alice[0], events=130)
     url = reverse("admin:journal_event_changelist")
@@ -211,6 +215,7 @@ def test_event_changelist_never_counts_the_journal(client, root, alice):
     assert client.get(url + "?p=9").status_code == 302  # past the end: back to page 1
 
 
+@pytest.mark.slow
 def test_staff_who_may_only_view_runs_get_no_actions(
     client, journal_data, django_user_model
 ):
@@ -241,6 +246,7 @@ def test_staff_who_may_only_view_runs_get_no_actions(
         ("after_seq=3&limit=x", "limit"),
     ],
 )
+@pytest.mark.slow
 def test_events_json_refuses_bad_input_as_the_api_does(
     client, root, alice, query, name
 ):

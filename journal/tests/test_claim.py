@@ -3,6 +3,7 @@
 import threading
 from datetime import timedelta
 
+import pytest
 from django.db import connection
 from django.utils import timezone
 
@@ -23,6 +24,7 @@ def _claim(limit=None):
     return claim and Run.objects.get(id=claim.run_id)
 
 
+@pytest.mark.slow
 def test_a_backlog_does_not_delay_another_owners_first_run(
     alice, bob, django_user_model
 ):
@@ -36,6 +38,7 @@ def test_a_backlog_does_not_delay_another_owners_first_run(
     assert order == [backlog[0].id, bobs.id, carols.id, backlog[1].id]
 
 
+@pytest.mark.slow
 def test_an_owner_at_the_limit_waits_and_others_go_first(alice, bob):
     backlog = [_queue(alice[0], age_s=100 - i) for i in range(5)]
     assert [_claim(limit=2).id for _ in range(2)] == [r.id for r in backlog[:2]]

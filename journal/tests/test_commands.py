@@ -176,6 +176,7 @@ def _peak_replay_bytes(run: Run) -> tuple[int, int]:
         tracemalloc.stop()
 
 
+@pytest.mark.slow
 def test_replay_run_pages_through_the_journal_in_constant_memory(alice):
     small, large = (
         _long_run(alice[0], 2 * READ_PAGE),
@@ -309,6 +310,7 @@ def test_prune_journal_deletes_in_batches_without_counting_the_journal(aged_jour
     ]
 
 
+@pytest.mark.slow
 def test_prune_journal_refuses_bad_input(db):
     for bad in ("30", "thirty days", "-1d", "0d", ""):
         with pytest.raises(CommandError):

@@ -303,6 +303,7 @@ def test_a_reader_behind_the_hub_has_its_next_pages_read_ahead_each_once(
     _assert_sent_the_journal(run.id, writes)
 
 
+@pytest.mark.slow
 def test_pages_read_ahead_in_an_outage_are_read_again_and_none_left_unretrieved(
     alice, fast_readers, monkeypatch
 ):
@@ -344,6 +345,7 @@ def test_pages_read_ahead_in_an_outage_are_read_again_and_none_left_unretrieved(
     assert [c["message"] for c in reported] == []
 
 
+@pytest.mark.slow
 def test_a_hub_reads_the_journal_after_a_quiet_spell_with_one_timer_per_spell(
     alice, fast_readers
 ):
