@@ -581,8 +581,31 @@ def _carried_over(turn: Turn) -> tuple[dict, dict | None, Budget]:
 async def _wait(claim: Claim, writer: BatchWriter, request: dict, waited) -> str:
     """End this attempt waiting for a decision on `request` (chat.approvals):
     journal it, save what the turn spent so far, release the run."""
-    diagnostics, usage, budget, started = waited
     until = timezone.now() + timedelta(seconds=settings.HERMES["APPROVAL_TIMEOUT_S"])
+
+    async def release(turn_fields: dict) -> list:
+        return await _write(
+            _release,
+            claim,
+            confirm=lambda: _released(claim),
+            request={**request, "expires_at": until.isoformat()},
+            until=until,
+            turn_fields=turn_fields,
+        )
+
+    # The waiting call was counted; it is counted again when answered.
+    if not await _pause(claim, writer, waited, release, steps=0, tool_calls=-1):
+        return "fenced"
+    log.info("run waits for approval run_id=%s tool=%s", claim.run_id, request["name"])
+    return Run.Status.WAITING
+
+
+async def _pause(claim: Claim, writer: BatchWriter, spent, write, **less) -> bool:
+    """Leave the run for later (a decision, another worker): flush its output,
+    save what its turn spent so far (`less` the steps and tool calls that are
+    done again later), `write(turn_fields)` and publish what that journaled.
+    False if the run was fenced out meanwhile."""
+    diagnostics, usage, budget, started = spent
     try:
         await writer.flush()
         diagnostics = {
@@ -590,29 +613,19 @@ async def _wait(claim: Claim, writer: BatchWriter, request: dict, waited) -> str
             "duration_ms": diagnostics["duration_ms"]
             + round((time.monotonic() - started) * 1000),
             "journal_rows": diagnostics["journal_rows"] + writer.rows_written,
-            "steps": budget.steps,
-            # The waiting call was counted; it is counted again when answered.
-            "tool_calls": budget.tool_calls - 1,
+            "steps": budget.steps + less["steps"],
+            "tool_calls": budget.tool_calls + less["tool_calls"],
         }
-        records = await _write(
-            _release,
-            claim,
-            confirm=lambda: _released(claim),
-            request={**request, "expires_at": until.isoformat()},
-            until=until,
-            turn_fields={
-                "usage": _usage_event(usage) if usage else {},
-                "diagnostics": diagnostics,
-            },
+        records = await write(
+            {"usage": _usage_event(usage) if usage else {}, "diagnostics": diagnostics}
         )
     except AppendRejected as exc:
         log.warning("run fenced out, stopping run_id=%s (%s)", claim.run_id, exc.reason)
-        return "fenced"
+        return False
     finally:
         writer.close()
     await publish(claim.run_id, records)
-    log.info("run waits for approval run_id=%s tool=%s", claim.run_id, request["name"])
-    return Run.Status.WAITING
+    return True
 
 
 HANDOVER = "handover"  # RunControl reason: the worker stops, another goes on
@@ -626,37 +639,23 @@ async def _hand_over(claim, writer: BatchWriter, sink: _Sink, result, handed) ->
     as after a lost worker: re-attached to a response kept upstream
     (`chat.reattach`, nothing kept here), else the partial kept once now and
     the conversation, ending with it, sent again (rule 3)."""
-    diagnostics, usage, budget, started = handed
     reattach = result.upstream is not None
     note = f"{REATTACH_STATUS} after the worker stopped" if reattach else HANDED_OVER
-    try:
-        await writer.flush()
+
+    async def hand_over(turn_fields: dict) -> list:
         if not reattach and (result.content or result.reasoning):
             await sink.commit_partial(result.content, result.reasoning)
-        diagnostics = {
-            **diagnostics,
-            "duration_ms": diagnostics["duration_ms"]
-            + round((time.monotonic() - started) * 1000),
-            "journal_rows": diagnostics["journal_rows"] + writer.rows_written,
-            "steps": budget.steps - 1,  # the next worker does this step again
-            "tool_calls": budget.tool_calls,
-        }
-        records = await _write(
+        return await _write(
             _hand_over_write,
             claim,
             confirm=lambda: _handed_over(claim, writer.last_seq),
             events=[("status", {"message": note})],
-            turn_fields={
-                "usage": _usage_event(usage) if usage else {},
-                "diagnostics": diagnostics,
-            },
+            turn_fields=turn_fields,
         )
-    except AppendRejected as exc:
-        log.warning("run fenced out, stopping run_id=%s (%s)", claim.run_id, exc.reason)
+
+    # The next worker does this step again.
+    if not await _pause(claim, writer, handed, hand_over, steps=-1, tool_calls=0):
         return "fenced"
-    finally:
-        writer.close()
-    await publish(claim.run_id, records)
     return Run.Status.QUEUED
 
 
