@@ -12,6 +12,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow
 def test_private_postgres_survives_stop_and_kill():
     with PrivatePostgres() as pg:
         assert pg.port != 5432
