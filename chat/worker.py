@@ -214,23 +214,12 @@ class Worker:
             await self._settle_shutdown(claim)
 
     async def _settle_shutdown(self, claim: Claim) -> None:
-        try:
-            records = await dbpool.writers.run(
-                run_settle,
-                run_id=claim.run_id,
-                status=Run.Status.INTERRUPTED,
-                terminal_state="worker-shutdown",
-                by=self.worker_id,
-                only_if_lost=False,
-                token=claim.token,
-            )
-        except Exception as exc:
-            log.warning(
-                "run left queued for the next worker run_id=%s (%s)",
-                claim.run_id,
-                _first_line(exc),
-            )
-            return
+        records = await self._settle(
+            claim,
+            Run.Status.INTERRUPTED,
+            "worker-shutdown",
+            failed="run left queued for the next worker",
+        )
         if records:
             log.info("run ended: no worker left to hand it to run_id=%s", claim.run_id)
             await publish(claim.run_id, records)
@@ -398,25 +387,36 @@ class Worker:
 
     async def _settle_failed(self, claim: Claim, message: str) -> None:
         """Settle a run whose executor gave up: `failed` / `worker-error`, now."""
+        records = await self._settle(
+            claim,
+            Run.Status.FAILED,
+            "worker-error",
+            failed="run could not be settled; its lease will lapse",
+            error={"category": "worker-error", "message": message},
+        )
+        if records is not None:
+            await publish(claim.run_id, records)
+
+    async def _settle(
+        self, claim: Claim, status: str, state: str, *, failed: str, **extra
+    ) -> list | None:
+        """Settle a run this worker holds (its token, lease or not); the
+        records journaled, or None when the database refused (logged as
+        `failed`, one line)."""
         try:
-            records = await dbpool.writers.run(
+            return await dbpool.writers.run(
                 run_settle,
                 run_id=claim.run_id,
-                status=Run.Status.FAILED,
-                terminal_state="worker-error",
+                status=status,
+                terminal_state=state,
                 by=self.worker_id,
                 only_if_lost=False,
                 token=claim.token,
-                error={"category": "worker-error", "message": message},
+                **extra,
             )
         except Exception as exc:
-            log.warning(
-                "run could not be settled; its lease will lapse run_id=%s (%s)",
-                claim.run_id,
-                exc,
-            )
-            return
-        await publish(claim.run_id, records)
+            log.warning("%s run_id=%s (%s)", failed, claim.run_id, _first_line(exc))
+            return None
 
     async def _lease_loop(self) -> None:
         delay = self.heartbeat_s
