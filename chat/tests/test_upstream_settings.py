@@ -25,9 +25,13 @@ def _providers(settings, fake: FakeLLM, **entry) -> None:
     registry.reset()
 
 
-async def _drain(provider, messages=MESSAGES) -> ProviderError | None:
+async def _drain(
+    provider, messages=MESSAGES, *, model: str = "m", **options
+) -> ProviderError | None:
+    """Read one stream to its end (`options` go to `stream`); its error."""
     try:
-        async with contextlib.aclosing(provider.stream("m", messages)) as items:
+        stream = provider.stream(model, messages, **options)
+        async with contextlib.aclosing(stream) as items:
             async for _ in items:
                 pass
     except ProviderError as error:
@@ -180,19 +184,8 @@ def test_one_answer_may_ask_for_less_than_the_providers_limit(settings):
     with FakeLLM() as fake:
         _providers(settings, fake, max_tokens=64)
         provider = registry.get_provider("local")
-
-        async def main():
-            stream = provider.stream("m", MESSAGES, max_tokens=8)
-            async with contextlib.aclosing(stream) as items:
-                async for _ in items:
-                    pass
-            stream = provider.stream("m", MESSAGES, max_tokens=500)
-            async with contextlib.aclosing(stream) as items:
-                async for _ in items:
-                    pass
-            await provider.aclose()
-
-        asyncio.run(main())
+        asyncio.run(_drain(provider, max_tokens=8))
+        asyncio.run(_drain(provider, max_tokens=500))
         assert [r.body["max_tokens"] for r in fake.requests] == [8, 64]
     registry.reset()
 
@@ -202,15 +195,7 @@ def test_a_model_may_have_an_output_limit_of_its_own(settings):
         settings.HERMES = {**settings.HERMES, "MODEL_OUTPUT_TOKENS": {"small": 512}}
         _providers(settings, fake, max_tokens=64)
         provider = registry.get_provider("local")
-
-        async def main():
-            for model in ("m", "small"):
-                stream = provider.stream(model, MESSAGES)
-                async with contextlib.aclosing(stream) as items:
-                    async for _ in items:
-                        pass
-            await provider.aclose()
-
-        asyncio.run(main())
+        for model in ("m", "small"):
+            asyncio.run(_drain(provider, model=model))
         assert [r.body["max_tokens"] for r in fake.requests] == [64, 512]
     registry.reset()
